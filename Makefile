@@ -1,0 +1,70 @@
+# Two entry points: `make demo` and `make test`. Each does its own set-up on a fresh machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+VENV      := .venv
+PY        := $(VENV)/bin/python
+BIN       := $(VENV)/bin
+BUILD     := .build
+COLL_LINK := $(BUILD)/collections/ansible_collections/gpuops/relaunch
+SANITY    := $(BUILD)/sanity/ansible_collections/gpuops/relaunch
+APT_PKGS  := lxc openssh-server debootstrap
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: setup apt venv collection demo test pytest sanity lint bench clean
+
+setup: apt venv collection
+
+# apt packages the tests use: real LXC containers, a real sshd for the pct_remote path,
+# debootstrap for the systemd container.
+apt: $(BUILD)/apt.stamp
+$(BUILD)/apt.stamp:
+	@mkdir -p $(BUILD)
+	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages: $$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements/controller.txt requirements/test.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements/test.txt
+	@touch $@
+
+# Ansible finds this checkout as gpuops.relaunch through ansible.cfg's collections_path.
+collection: $(COLL_LINK)
+$(COLL_LINK):
+	@mkdir -p $(dir $@)
+	ln -sfn $(CURDIR) $@
+
+demo: setup
+	$(BIN)/ansible-playbook playbooks/demo.yml
+
+pytest: setup
+	@# Exit code 5 means "no tests collected": that is a failure here, never a pass.
+	$(PY) -m pytest tests/unit tests/integration
+
+# ansible-test wants a real tree under ansible_collections/<ns>/<name>: copy what git tracks
+# (plus new files) and run there. Its get-pip download is answered offline by tools/get_pip_standin.py.
+sanity: setup
+	rm -rf $(SANITY) && mkdir -p $(SANITY)
+	git ls-files -co --exclude-standard | tar --ignore-failed-read -cf - -T - 2>/dev/null | tar -xf - -C $(SANITY)
+	mkdir -p $(HOME)/.ansible/test/cache
+	cp tools/get_pip_standin.py $(HOME)/.ansible/test/cache/get_pip_24_2.py
+	cd $(SANITY) && $(BIN)/ansible-test sanity --venv --python 3.11 --color no \
+	  --exclude tests/harness/ --exclude bench/ --exclude tools/
+
+lint: setup
+	$(BIN)/ansible-lint --profile production --offline
+
+test: pytest sanity lint
+
+bench: setup
+	$(PY) bench/scan_vs_ps.py
+
+clean:
+	rm -rf $(BUILD) $(VENV)

@@ -1,0 +1,1 @@
+"""Test harness: real processes, namespaces and containers, cleaned up by recorded PID or name."""

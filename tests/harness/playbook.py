@@ -1,0 +1,91 @@
+"""Run ansible-playbook for real and return each task's result.
+
+Tests describe a play as Python data; this writes it to a temporary playbook, runs the real
+``ansible-playbook`` of the virtualenv with the ``ansible.posix.json`` callback and returns the
+parsed per-task results, so a test asserts on what the module really returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class PlaybookRun:
+    """What one ansible-playbook run produced."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    tasks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def result(self, task_name: str, host: str | None = None) -> dict[str, Any]:
+        """The result of the named task (on `host`, or the only host that ran it)."""
+        hosts = self.tasks.get(task_name)
+        if not hosts:
+            raise KeyError(f"task {task_name!r} did not run; ran: {sorted(self.tasks)}\n{self.stderr}")
+        for entry in hosts:
+            if host is None or entry["_host"] == host:
+                return entry
+        raise KeyError(f"task {task_name!r} did not run on {host!r}")
+
+
+def run_playbook(
+    plays: list[dict[str, Any]] | str,
+    inventory: str = "localhost,",
+    extra_vars: dict[str, Any] | None = None,
+    check: bool = False,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    extra_args: list[str] | None = None,
+) -> PlaybookRun:
+    """Run `plays` (data, or the path of a playbook file) and collect per-task results."""
+    with tempfile.TemporaryDirectory(prefix="gpuops-play-") as tmp:
+        if isinstance(plays, str):
+            playbook = plays
+        else:
+            playbook = os.path.join(tmp, "play.yml")
+            with open(playbook, "w", encoding="utf-8") as handle:
+                json.dump(plays, handle)  # JSON is YAML
+        cmd = [str(BIN / "ansible-playbook"), "-i", inventory, playbook]
+        if extra_vars:
+            vars_file = os.path.join(tmp, "vars.json")
+            with open(vars_file, "w", encoding="utf-8") as handle:
+                json.dump(extra_vars, handle)
+            cmd += ["-e", "@" + vars_file]
+        if check:
+            cmd.append("--check")
+        cmd += extra_args or []
+        run_env = dict(os.environ)
+        run_env.update(
+            ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+            ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+            ANSIBLE_LOCAL_TEMP=os.path.join(tmp, "local-tmp"),
+            ANSIBLE_NOCOLOR="1",
+            PATH=f"{BIN}:{run_env.get('PATH', '')}",
+        )
+        run_env.update(env or {})
+        proc = subprocess.run(
+            cmd, cwd=str(REPO), env=run_env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    run = PlaybookRun(rc=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        return run
+    for play in report.get("plays", []):
+        for task in play.get("tasks", []):
+            name = task["task"]["name"]
+            for host, result in task.get("hosts", {}).items():
+                run.tasks.setdefault(name, []).append(dict(result, _host=host))
+    return run
