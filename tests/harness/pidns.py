@@ -1,0 +1,152 @@
+"""A light "container": a PID namespace whose init never reaps.
+
+``unshare --pid --fork --mount-proc sleep infinity`` in a session of its own makes a new PID namespace whose PID 1
+is ``sleep``: it never calls ``wait()``, so every process orphaned inside stays a zombie for ever,
+exactly like a container whose init does not reap. ``nsenter`` runs commands inside, and Ansible
+reaches in with the ``community.docker.nsenter`` connection (see :meth:`PidNamespace.inventory`).
+
+Clean-up is a SIGKILL to the recorded init (host) pid, checked against its recorded start time so
+a reused pid is never signalled: the kernel then ends everything inside the namespace.
+
+    with pid_namespace() as ns:
+        ns.run_inside(["ps", "-e"])
+        run_playbook(plays, inventory=ns.inventory())
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+NSENTER = "nsenter"
+
+
+def process_starttime(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot), or None if the pid is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="utf-8")
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def run_inside(init_pid: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run `argv` inside the PID and mount namespaces of `init_pid` (subprocess.run keywords apply)."""
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    kwargs.setdefault("timeout", 60)
+    kwargs.setdefault("check", False)
+    cmd = [NSENTER, f"--target={init_pid}", "--pid", "--mount", "--", *argv]
+    return subprocess.run(cmd, **kwargs)  # pylint: disable=subprocess-run-check
+
+
+@dataclass
+class PidNamespace:
+    """A running PID namespace, known by its init's host pid and start time."""
+
+    init_pid: int
+    init_starttime: int
+    unshare: subprocess.Popen
+
+    def run_inside(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        """Run `argv` inside this namespace; see the module-level run_inside."""
+        return run_inside(self.init_pid, argv, **kwargs)
+
+    def host_pids(self) -> list[int]:
+        """Host pids of every process inside the namespace, the init included."""
+        found: list[int] = []
+        pending = [self.init_pid]
+        while pending:
+            pid = pending.pop()
+            found.append(pid)
+            pending.extend(_children(pid))
+        return found
+
+    def inventory(self, host: str = "ct") -> str:
+        """An INI inventory line that makes Ansible run tasks inside this namespace.
+
+        Use it with a file path: write it to a file, or pass the returned text through
+        :func:`write_inventory`.
+        """
+        return (
+            f"{host} ansible_connection=community.docker.nsenter ansible_host={self.init_pid} "
+            f"ansible_nsenter_pid={self.init_pid} ansible_python_interpreter=/usr/bin/python3\n"
+        )
+
+    def write_inventory(self, path: str | os.PathLike, host: str = "ct") -> str:
+        """Write :meth:`inventory` to `path` and return the path as a string (for -i)."""
+        Path(path).write_text(self.inventory(host), encoding="utf-8")
+        return str(path)
+
+    def alive(self) -> bool:
+        return process_starttime(self.init_pid) == self.init_starttime
+
+    def kill(self) -> None:
+        """SIGKILL the recorded init (if it is still the same process) and wait for unshare."""
+        if self.alive():
+            os.kill(self.init_pid, signal.SIGKILL)
+        try:
+            self.unshare.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.unshare.kill()
+            self.unshare.wait(timeout=30)
+
+
+def start_pid_namespace(init_argv: list[str] | None = None, timeout: float = 30) -> PidNamespace:
+    """Start a PID namespace (init = `init_argv`, default a never-reaping sleep) and return it."""
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", *(init_argv or ["sleep", "infinity"])]
+    # start_new_session is setsid(1) without its extra fork: the Popen pid is unshare itself (in a
+    # session of its own, away from the test's terminal and process group) and the init its child.
+    unshare = subprocess.Popen(  # pylint: disable=consider-using-with
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = _children(unshare.pid)
+        if children:
+            init_pid = children[0]
+            starttime = process_starttime(init_pid)
+            # Until exec, the child still runs unshare's image (and /proc may not be mounted yet).
+            if starttime is not None and _comm(init_pid) not in (None, "unshare"):
+                return PidNamespace(init_pid=init_pid, init_starttime=starttime, unshare=unshare)
+        if unshare.poll() is not None:
+            raise RuntimeError(f"unshare exited with {unshare.returncode} before its init appeared")
+        time.sleep(0.02)
+    unshare.kill()
+    unshare.wait(timeout=30)
+    raise RuntimeError("the PID namespace init did not appear within the deadline")
+
+
+@contextmanager
+def pid_namespace(init_argv: list[str] | None = None) -> Iterator[PidNamespace]:
+    """A PID namespace for the duration of the block; everything inside ends with it."""
+    namespace = start_pid_namespace(init_argv)
+    try:
+        yield namespace
+    finally:
+        namespace.kill()
