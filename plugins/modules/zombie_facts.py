@@ -1,0 +1,202 @@
+#!/usr/bin/python
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: zombie_facts
+short_description: Find what a dead training run left behind, and say what it takes to clear it
+version_added: 0.1.0
+description:
+  - Reads the process table once (C(/proc)) and reports zombies, zombie leaders whose other threads
+    still run (state C(Zl)), threads in uninterruptible sleep (C(D)) with their wait channel, the
+    processes of the job, and the processes or threads holding GPU device files open.
+  - Gives a verdict derived only from those facts. C(clean) means nothing of the job and nothing
+    that blocks a relaunch; C(reapable) means signals and reaping clear everything found;
+    C(needs_reboot) means zombies are orphaned to PID 1 of this namespace and PID 1 did not reap
+    them within I(orphan_grace) seconds, so only a restart of the container clears them;
+    C(needs_host_action) means a thread sleeps uninterruptibly in the GPU driver, which no signal
+    and possibly no container restart clears.
+  - Whether PID 1 reaps cannot be seen in one snapshot. When zombies are orphaned to PID 1, the
+    module watches them for up to I(orphan_grace) seconds and reports what it saw.
+  - Never changes anything.
+author:
+  - gpuops.relaunch maintainers
+extends_documentation_fragment:
+  - gpuops.relaunch.job_selection
+options:
+  orphan_grace:
+    description:
+      - How long to watch zombies orphaned to PID 1 before concluding that PID 1 does not reap them.
+      - A reaping init takes an orphaned zombie within about 1.5 seconds. C(0) takes one look only.
+    type: float
+    default: 2.0
+  driver_wchan:
+    description:
+      - Regular expression over a thread's wait channel (C(/proc/PID/task/TID/wchan)) that marks an
+        uninterruptible sleep inside the GPU driver.
+    type: str
+    default: ^(uvm_|nv_|nvidia|os_|_nv)
+  require_no_zombies:
+    description:
+      - Count every zombie as blocking, not only those of the job, those with live threads, those
+        holding GPU devices and those orphaned to PID 1.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+notes:
+  - Inside a container, GPU memory can be held by a process of another PID namespace (the host or
+    another container); such a holder is invisible here. Use M(gpuops.relaunch.gpu_mem_wait) to see
+    the memory itself.
+seealso:
+  - module: gpuops.relaunch.zombie_reap
+  - module: gpuops.relaunch.gpu_mem_wait
+"""
+
+EXAMPLES = r"""
+- name: Look at what the last run left behind
+  gpuops.relaunch.zombie_facts:
+    match:
+      - /workspace/run/train\.py\b
+    include_descendants: true
+
+- name: Stop here when only the host can help
+  ansible.builtin.assert:
+    that: ansible_facts.zombie_facts.verdict != 'needs_host_action'
+    fail_msg: "{{ ansible_facts.zombie_facts.reasons | join('; ') }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    zombie_facts:
+      description: The snapshot and its verdict.
+      returned: always
+      type: dict
+      contains:
+        verdict:
+          description: One of C(clean), C(reapable), C(needs_reboot), C(needs_host_action).
+          type: str
+          sample: reapable
+        reasons:
+          description: Why the verdict is what it is, each naming the pids concerned.
+          type: list
+          elements: str
+          sample: ["job processes still running: 4121, 4122"]
+        zombies:
+          description:
+            - Every zombie in the namespace. C(kind) is C(zombie_leader) when threads other than the
+              exited main thread still run, else C(zombie).
+            - C(blocking) tells whether it stands in the way of a relaunch; C(unreaped_orphan) whether
+              it is orphaned to PID 1 and PID 1 did not reap it within I(orphan_grace).
+          type: list
+          elements: dict
+          sample:
+            - pid: 4130
+              starttime: 991283
+              ppid: 4121
+              comm: python3
+              threads: 3
+              kind: zombie_leader
+              live_threads: [{tid: 4133, state: S, wchan: futex_wait_queue, comm: pt_main_thread}]
+              job: false
+              blocking: true
+              unreaped_orphan: false
+              parent: {pid: 4121, comm: python3, state: S, is_namespace_init: false, job: true}
+              parent_chain: [4121, 1]
+        uninterruptible:
+          description: Threads in state D of the job, of zombies with threads, of GPU holders, and of D-state processes.
+          type: list
+          elements: dict
+          sample: [{pid: 4150, tid: 4152, comm: python3, wchan: uvm_va_space_destroy}]
+        job_processes:
+          description: The job's processes (after leaving out protected ones).
+          type: list
+          elements: dict
+          sample:
+            - {pid: 4121, starttime: 991200, ppid: 1, pgid: 4121, sid: 4121, state: S, comm: python3,
+               cmdline: python3 /workspace/run/train.py, threads: 12}
+        protected:
+          description: Processes that matched the job but are protected, and why.
+          type: list
+          elements: dict
+          sample: [{pid: 612, comm: sshd, reason: "matches protected pattern '\\\\bsshd\\\\b'"}]
+        gpu_holders:
+          description: Processes and threads with an open file matching I(gpu_device_glob).
+          type: list
+          elements: dict
+          sample: [{pid: 4121, tid: 4121, comm: python3, state: S, device: /dev/nvidia0}]
+        missing_pids:
+          description: Pids given in I(pids) that do not exist.
+          type: list
+          elements: int
+          sample: []
+        process_count:
+          description: How many processes the snapshot read.
+          type: int
+          sample: 213
+"""
+
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import (
+    DEFAULT_DRIVER_WCHAN,
+    AssessmentOptions,
+    assess,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.job_options import (
+    JOB_SELECTION_SPEC,
+    job_selection_from_params,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            JOB_SELECTION_SPEC,
+            orphan_grace={"type": "float", "default": 2.0},
+            driver_wchan={"type": "str", "default": DEFAULT_DRIVER_WCHAN},
+            require_no_zombies={"type": "bool", "default": False},
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        selector, protected = job_selection_from_params(params)
+        if not 0 <= params["orphan_grace"] <= 600:
+            raise ValueError(f"orphan_grace: must be between 0 and 600 seconds, got {params['orphan_grace']}")
+        try:
+            driver_wchan = re.compile(params["driver_wchan"])
+        except re.error as exc:
+            raise ValueError(f"driver_wchan: {params['driver_wchan']!r} is not a valid regular expression: {exc}") from exc
+        options = AssessmentOptions(
+            selector=selector,
+            protected=protected,
+            device_glob=params["gpu_device_glob"],
+            driver_wchan=driver_wchan,
+            orphan_grace=params["orphan_grace"],
+            require_no_zombies=params["require_no_zombies"],
+        )
+        facts = assess(options, proc_root=params["proc_root"]).as_dict()
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    except ProcfsError as exc:
+        module.fail_json(msg=f"proc_root: {exc}")
+    module.exit_json(changed=False, ansible_facts={"zombie_facts": facts})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Real process states on demand: zombies, Zl leaders, D-state tasks, stale job trees.
+
+Every maker returns the pids it made and registers its processes (and cgroups) with a
+:class:`Reaper`, which ends exactly those — by recorded pid checked against the recorded start
+time — and nothing else. Fixture programs are tiny Python scripts run with ``python3 -c``; the
+optional ``runner`` prefix (e.g. ``["nsenter", "-t", PID, "-p", "-m", "--"]``) starts them inside
+a PID namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tests.harness.pidns import process_starttime
+
+FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+# The maker scripts write the pids they want the test to know as one line "key=pid ..." on
+# stdout, then keep running. Pids printed inside a namespace are namespace pids; `host_pid`
+# translates with /proc/PID/status NSpid.
+
+PLAIN_ZOMBIE = r"""
+import os, sys, time
+child = os.fork()
+if child == 0:
+    os._exit(0)
+# The child is now a zombie: we never wait() for it.
+while open(f"/proc/{child}/stat").read().split(") ")[1][0] != "Z":
+    time.sleep(0.01)
+print(f"parent={os.getpid()} zombie={child}", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+# A zombie leader: a child whose main thread calls pthread_exit while another thread runs on
+# (optionally holding a file open), and whose parent never waits.
+ZOMBIE_LEADER = r"""
+import ctypes, os, sys, threading, time
+hold = sys.argv[1] if len(sys.argv) > 1 else ""  # further arguments only tag the command line
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(r)
+    held = open(hold, "rb") if hold else None
+    def linger():
+        while True:
+            time.sleep(3600)
+    threading.Thread(target=linger, daemon=False, name="linger").start()
+    os.write(w, b"x")
+    # ctypes drops the GIL around the call, so the other thread keeps running.
+    ctypes.CDLL(None).pthread_exit(None)
+os.close(w)
+os.read(r, 1)
+while open(f"/proc/{child}/stat").read().split(") ")[1][0] != "Z":
+    time.sleep(0.01)
+print(f"parent={os.getpid()} zombie={child}", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+# A stale training job: a parent running "train.py", worker children with grandchildren, one
+# worker that has already exited (a zombie, the parent is hung and never waits), and an orphan
+# that double-forked away from the tree.
+STALE_JOB = r"""
+import os, sys, time
+def sleeper():
+    while True:
+        time.sleep(3600)
+workers = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        grandchild = os.fork()
+        if grandchild == 0:
+            sleeper()
+        sleeper()
+    workers.append(pid)
+dead = os.fork()
+if dead == 0:
+    os._exit(7)
+r, w = os.pipe()
+middle = os.fork()
+if middle == 0:
+    orphan = os.fork()
+    if orphan == 0:
+        os.close(r)
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        sleeper()
+    os._exit(0)
+os.close(w)
+orphan = int(os.read(r, 32))
+os.waitpid(middle, 0)
+while open(f"/proc/{dead}/stat").read().split(") ")[1][0] != "Z":
+    time.sleep(0.01)
+print(f"parent={os.getpid()} workers={','.join(map(str, workers))} zombie={dead} orphan={orphan}", flush=True)
+sleeper()
+"""
+
+SLEEPER = r"""
+import os, time
+print(f"pid={os.getpid()}", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def host_pid(namespace_init: int, ns_pid: int) -> int:
+    """The host pid of the process that is `ns_pid` inside the namespace of `namespace_init`."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            status = (proc / "status").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:"):
+                chain = [int(x) for x in line.split()[1:]]
+                if len(chain) > 1 and chain[-1] == ns_pid and _in_namespace(int(proc.name), namespace_init):
+                    return int(proc.name)
+    raise LookupError(f"no process is pid {ns_pid} in the namespace of {namespace_init}")
+
+
+def _in_namespace(pid: int, namespace_init: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{namespace_init}/ns/pid")
+    except OSError:
+        return False
+
+
+def state_of(pid: int) -> str | None:
+    """The one-letter state of `pid`, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll `condition` until it holds; fail the test naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Reaper:
+    """Records what a test started and ends exactly that, by (pid, starttime)."""
+
+    processes: list[tuple[int, int]] = field(default_factory=list)
+    popens: list[subprocess.Popen] = field(default_factory=list)
+    cgroups: list[Path] = field(default_factory=list)
+
+    def record(self, pid: int) -> int:
+        starttime = process_starttime(pid)
+        if starttime is not None:
+            self.processes.append((pid, starttime))
+        return pid
+
+    def start(self, script: str, *args: str, runner: list[str] | None = None) -> dict[str, str]:
+        """Run a maker script, record its process, and return the "key=value" fields it printed."""
+        argv = [*(runner or []), PYTHON, "-c", script, *args]
+        proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, start_new_session=True,
+        )
+        self.popens.append(proc)
+        self.record(proc.pid)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"maker exited early with {proc.wait()}")
+        return dict(item.split("=", 1) for item in line.split())
+
+    def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        """Signal `pid` only if it is still the process we recorded."""
+        for recorded, starttime in self.processes:
+            if recorded == pid and process_starttime(pid) == starttime:
+                os.kill(pid, sig)
+                return
+
+    def frozen(self, pid: int) -> Path:
+        """Put `pid` into a new frozen cgroup-v1 freezer group: it is in D and survives SIGKILL."""
+        group = FREEZER_ROOT / f"gpuops-test-{uuid.uuid4().hex[:8]}"
+        group.mkdir()
+        self.cgroups.append(group)
+        (group / "cgroup.procs").write_text(str(pid), encoding="utf-8")
+        (group / "freezer.state").write_text("FROZEN", encoding="utf-8")
+        wait_until(lambda: (group / "freezer.state").read_text(encoding="utf-8").strip() == "FROZEN",
+                   what=f"freezer {group} to freeze")
+        return group
+
+    @staticmethod
+    def thaw(group: Path) -> None:
+        (group / "freezer.state").write_text("THAWED", encoding="utf-8")
+
+    def cleanup(self) -> None:
+        for group in self.cgroups:
+            if group.exists():
+                self.thaw(group)
+        # Each maker runs in a session of its own, so its pid is the process group of everything it
+        # forked (the double-forked orphan included). A pid is never reused while it names a live
+        # group, so the group signal reaches only what this test started.
+        for proc in self.popens:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid, starttime in self.processes:
+            if process_starttime(pid) == starttime and state_of(pid) != "Z":
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.popens:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.stdout:
+                proc.stdout.close()
+        for group in self.cgroups:
+            if group.exists():
+                wait_until(lambda g=group: not (g / "cgroup.procs").read_text(encoding="utf-8").strip(),
+                           what=f"{group} to empty")
+                group.rmdir()
