@@ -1,0 +1,287 @@
+#!/usr/bin/python
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: proxmox_ct_reboot
+short_description: Reboot a Proxmox VE LXC container through the API, after checking it is the right one
+version_added: 0.1.0
+description:
+  - Reboots one LXC container through the Proxmox VE API (with C(proxmoxer)), either with PVE's
+    reboot or with a shutdown followed by a start, and returns once the container runs again and
+    has really restarted (a new init process, or an uptime that began after the request).
+  - Before it changes anything it finds the container's node (when O(node) is not given), refuses
+    to act when the configured hostname is not O(expected_hostname), refuses to stop a container
+    of a cluster that has lost quorum (it could not be started again), and waits up to
+    O(lock_timeout) for a config lock (a backup, a snapshot) to clear.
+  - Each PVE task is followed by its UPID and judged by its exit status. Only C(OK) and
+    C(WARNINGS: N) are success; any other exit status fails the module at once with PVE's message
+    and the state the container is left in.
+  - A container that is stopped is started.
+  - Requests that change something are never repeated blindly. When the answer to one is lost, the
+    module reads the task list first, so a retry cannot reboot the container twice.
+author:
+  - gpuops.relaunch maintainers
+extends_documentation_fragment:
+  - gpuops.relaunch.proxmox
+options:
+  vmid:
+    description:
+      - The container's ID.
+    type: int
+    required: true
+  node:
+    description:
+      - The node the container lives on. When not given, it is looked up in C(/cluster/resources).
+    type: str
+  expected_hostname:
+    description:
+      - The hostname the container must have in its PVE configuration (C(hostname)), compared without
+        regard to case. When it differs the module fails and changes nothing.
+      - This is the guard against rebooting the wrong container through a wrong O(vmid). Always give
+        it; the roles of this collection pass the inventory hostname.
+    type: str
+  method:
+    description:
+      - C(reboot) uses PVE's reboot (C(POST .../status/reboot) with O(timeout)); PVE stops the
+        container, forcing it after O(timeout) seconds, and starts it again in one task.
+      - C(stop_start) shuts the container down (C(POST .../status/shutdown) with O(timeout), and
+        C(forceStop) when O(force=true)), then starts it. Without O(force) a container that does not
+        shut down within O(timeout) is left running and the module fails.
+    type: str
+    choices: [reboot, stop_start]
+    default: reboot
+  timeout:
+    description:
+      - Seconds PVE gives the container to shut down cleanly (passed to PVE as C(timeout)).
+    type: int
+    default: 60
+  force:
+    description:
+      - With O(method=stop_start), stop the container hard when it does not shut down cleanly: PVE's
+        C(forceStop) after O(timeout); and if the shutdown task still fails or hangs
+        (O(timeout) plus 15 seconds), a stop with C(overrule-shutdown).
+      - Ignored with O(method=reboot), where PVE always forces after O(timeout).
+    type: bool
+    default: false
+  wait_timeout:
+    description:
+      - Seconds to wait, in all, for the tasks to end and for the container to run again. Must be
+        greater than O(timeout).
+    type: float
+    default: 300
+  lock_timeout:
+    description:
+      - Seconds to wait for a config lock (C(backup), C(snapshot), C(migrate), ...) to clear before
+        doing anything. The module fails naming the lock when it outlasts this.
+    type: float
+    default: 60
+  skiplock:
+    description:
+      - Ignore a config lock (PVE's C(skiplock)). Only C(root@pam) logging in with a password may,
+        and only with O(method=stop_start), because PVE's shutdown and reboot cannot skip a lock; the
+        container is then stopped hard instead of shut down.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    details: Reads the container's node, hostname, status, lock and the cluster's quorum, and reports
+      the actions it would take; sends no request that changes anything.
+  diff_mode:
+    support: none
+notes:
+  - The module talks to the API from wherever it runs. Run it on the controller (C(delegate_to:
+    localhost)), which needs C(proxmoxer) and C(requests).
+  - The user or token needs C(VM.Audit) and C(VM.PowerMgmt) on C(/vms/<vmid>); C(Sys.Audit) on C(/)
+    lets the module check quorum (without it that check is skipped).
+seealso:
+  - module: community.proxmox.proxmox
+  - name: Proxmox VE API viewer
+    description: The C(/nodes/{node}/lxc/{vmid}/status) endpoints used here.
+    link: https://pve.proxmox.com/pve-docs/api-viewer/
+"""
+
+EXAMPLES = r"""
+- name: Reboot the container this host lives in, through the API
+  gpuops.relaunch.proxmox_ct_reboot:
+    api_host: pve1.example.com
+    api_user: automation@pve
+    api_token_id: relaunch
+    api_token_secret: "{{ vault_pve_token_secret }}"
+    ca_path: /etc/ansible/pve-root-ca.pem
+    vmid: 200
+    expected_hostname: "{{ inventory_hostname_short }}"
+  delegate_to: localhost
+
+- name: Shut down cleanly, stop hard after 120 seconds, start again
+  gpuops.relaunch.proxmox_ct_reboot:
+    vmid: 200
+    node: pve1
+    expected_hostname: gpu-train-01
+    method: stop_start
+    timeout: 120
+    force: true
+    wait_timeout: 300
+  delegate_to: localhost
+  environment:
+    PROXMOX_HOST: pve1.example.com
+    PROXMOX_USER: root@pam
+    PROXMOX_PASSWORD: "{{ vault_pve_root_password }}"
+    PROXMOX_CA_PATH: /etc/ansible/pve-root-ca.pem
+"""
+
+RETURN = r"""
+node:
+  description: The node the container lives on.
+  returned: success
+  type: str
+  sample: pve1
+vmid:
+  description: The container's ID.
+  returned: success
+  type: int
+  sample: 200
+hostname:
+  description: The hostname in the container's PVE configuration.
+  returned: success
+  type: str
+  sample: gpu-train-01
+method:
+  description: The method used (O(method)).
+  returned: success
+  type: str
+  sample: reboot
+status_before:
+  description: The container's status before anything was done.
+  returned: success
+  type: str
+  sample: running
+actions:
+  description: The power actions taken (or, in check mode, that would be taken), with their parameters.
+  returned: success
+  type: list
+  elements: str
+  sample: ["shutdown(forceStop=1, timeout=60)", "start"]
+tasks:
+  description:
+    - The PVE tasks that ran, in order. On failure also returned, with the failed task last.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    upid:
+      description: The task's UPID.
+      type: str
+      sample: "UPID:pve1:000A1B2C:0F3E1A2B:6650A1B2:vzreboot:200:root@pam:"
+    type:
+      description: The task type (C(vzreboot), C(vzshutdown), C(vzstop), C(vzstart)).
+      type: str
+      sample: vzreboot
+    exitstatus:
+      description:
+        - "PVE's exit status: C(OK) or C(WARNINGS: N) on success, otherwise the error message."
+        - C(null) for a task still running at the deadline.
+      type: str
+      sample: OK
+    duration:
+      description: Seconds from the request to the end of the task, as seen by the module.
+      type: float
+      sample: 4.21
+status:
+  description: The container's status at the end (C(running) on success; in check mode the current status).
+  returned: success
+  type: str
+  sample: running
+uptime:
+  description: The container's uptime in seconds at the end, as PVE reports it.
+  returned: success
+  type: int
+  sample: 1
+waited_s:
+  description: Seconds the module spent in all, including waiting for a lock.
+  returned: success
+  type: float
+  sample: 5.3
+lock_waited_s:
+  description: Seconds spent waiting for a config lock to clear.
+  returned: success
+  type: float
+  sample: 0.0
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
+    HAS_PROXMOXER,
+    PROXMOX_CONNECTION_REQUIRED_ONE_OF,
+    PROXMOX_CONNECTION_REQUIRED_TOGETHER,
+    PROXMOXER_IMPORT_ERROR,
+    ProxmoxClient,
+    ProxmoxConnection,
+    ProxmoxError,
+    proxmox_connection_spec,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_ct_power import (
+    CtRebooter,
+    CtRebootRequest,
+)
+
+
+def main() -> None:
+    argument_spec = proxmox_connection_spec()
+    argument_spec.update(
+        vmid={"type": "int", "required": True},
+        node={"type": "str"},
+        expected_hostname={"type": "str"},
+        method={"type": "str", "choices": ["reboot", "stop_start"], "default": "reboot"},
+        timeout={"type": "int", "default": 60},
+        force={"type": "bool", "default": False},
+        wait_timeout={"type": "float", "default": 300},
+        lock_timeout={"type": "float", "default": 60},
+        skiplock={"type": "bool", "default": False},
+    )
+    module = AnsibleModule(
+        argument_spec=argument_spec,
+        required_one_of=PROXMOX_CONNECTION_REQUIRED_ONE_OF,
+        required_together=PROXMOX_CONNECTION_REQUIRED_TOGETHER,
+        supports_check_mode=True,
+    )
+    if not HAS_PROXMOXER:
+        module.fail_json(msg=missing_required_lib("proxmoxer"), exception=PROXMOXER_IMPORT_ERROR, tasks=[])
+
+    params = module.params
+    connection = ProxmoxConnection.from_params(params)
+    request = CtRebootRequest(
+        vmid=params["vmid"],
+        node=params["node"],
+        expected_hostname=params["expected_hostname"],
+        method=params["method"],
+        timeout=params["timeout"],
+        wait_timeout=params["wait_timeout"],
+        force=params["force"],
+        lock_timeout=params["lock_timeout"],
+        skiplock=params["skiplock"],
+    )
+    problems = request.problems(connection.user, connection.uses_token)
+    if params["api_timeout"] <= 0:
+        problems.append(f"api_timeout must be positive, got {params['api_timeout']}")
+    if problems:
+        module.fail_json(msg="; ".join(problems), tasks=[])
+
+    rebooter: CtRebooter | None = None
+    try:
+        rebooter = CtRebooter(ProxmoxClient(connection), request)
+        result = rebooter.run(check_mode=module.check_mode)
+    except ProxmoxError as exc:
+        tasks = [task.as_dict() for task in rebooter.tasks] if rebooter else []
+        module.fail_json(msg=str(exc), tasks=tasks)
+    for warning in result.warnings:
+        module.warn(warning)
+    module.exit_json(**result.as_dict())
+
+
+if __name__ == "__main__":
+    main()
