@@ -1,0 +1,280 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The per-job supervisor, and how the module daemonizes it.
+
+This file is two things at once:
+
+* a standalone program (standard library only, no collection imports) that ``train_launch``
+  copies into the job's state directory and runs with the module's Python interpreter. The module's
+  own files are temporary (Ansible deletes them when the task ends), so the supervisor must not
+  import anything from there; running a private copy keeps it working for as long as the job runs;
+* the functions the module uses to write that copy, spawn it detached, and read and write the state
+  files atomically (the same code the supervisor uses, so both sides agree on the format).
+
+The supervisor (``python3 supervisor.py run JOB_DIR``):
+
+* makes itself the child subreaper (``PR_SET_CHILD_SUBREAPER``), so every process the job orphans
+  becomes its child and is reaped here instead of piling up under a container init that never reaps;
+* starts the job from ``launch.json`` in a process group of its own (stdin from /dev/null, stdout
+  and stderr inherited: the job log), as the requested user and group;
+* writes ``run.json`` (its own and the job's pid, start time and process group) once the job runs;
+* forwards SIGTERM/SIGINT it receives to the job's process group;
+* writes ``exit.json`` (exit code or signal, end time) the moment the job's leader ends;
+* exits when it has no child left, i.e. when the job's whole tree is gone.
+
+``python3 supervisor.py record-exit JOB_DIR RUN_ID`` writes ``exit.json`` from systemd's
+``$EXIT_CODE``/``$EXIT_STATUS``/``$SERVICE_RESULT``; the systemd backend runs it as ``ExecStopPost``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import pwd
+import grp
+import signal
+import subprocess
+import sys
+import tempfile
+
+PR_SET_CHILD_SUBREAPER = 36
+LAUNCH_FILE = "launch.json"
+RUN_FILE = "run.json"
+EXIT_FILE = "exit.json"
+SUPERVISOR_FILE = "supervisor.py"
+STATE_FILE_MODE = 0o600
+
+
+def utc_now() -> str:
+    """Now, as an ISO 8601 UTC timestamp with microseconds."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    """Write `data` as JSON to `path` so a reader sees the old file or the new one, never a part."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        os.fchmod(fd, STATE_FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json(path: str) -> dict | None:
+    """The JSON object in `path`, or None if it is missing or not (yet) a complete object."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
+    """Field 22 of /proc/PID/stat. The supervisor runs alone, so it cannot import procfs."""
+    try:
+        with open("%s/%d/stat" % (proc_root, pid), "rb") as handle:
+            raw = handle.read()
+        return int(raw[raw.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def exit_fields(status: int) -> dict:
+    """exit_code / exit_signal from a waitpid status."""
+    if os.WIFSIGNALED(status):
+        return {"exit_code": None, "exit_signal": signal.Signals(os.WTERMSIG(status)).name}
+    return {"exit_code": os.WEXITSTATUS(status), "exit_signal": None}
+
+
+# --- the supervisor program ------------------------------------------------------------------
+
+
+class Supervisor:
+    """Runs one job to the end of its whole process tree."""
+
+    def __init__(self, job_dir: str) -> None:
+        self.job_dir = job_dir
+        self.launch = read_json(os.path.join(job_dir, LAUNCH_FILE)) or {}
+        self.run_id = self.launch.get("run_id")
+        self.job_pid = 0
+        self.pending_signal = 0
+
+    def forward(self, signum: int, _frame: object) -> None:
+        if self.job_pid:
+            try:
+                os.killpg(self.job_pid, signal.SIGTERM if signum == signal.SIGINT else signum)
+            except OSError:
+                pass  # the group is already gone
+        else:
+            self.pending_signal = signum
+
+    def record_exit(self, fields: dict) -> None:
+        record = {"run_id": self.run_id, "ended_at": utc_now(), "exit_code": None, "exit_signal": None}
+        record.update(fields)
+        write_json_atomic(os.path.join(self.job_dir, EXIT_FILE), record)
+
+    def start_job(self) -> subprocess.Popen:
+        launch = self.launch
+        user = launch.get("user")
+        group = launch.get("group")
+        kwargs = {}
+        if user is not None:
+            entry = pwd.getpwnam(user)
+            kwargs["user"] = entry.pw_uid
+            gid = grp.getgrnam(group).gr_gid if group is not None else entry.pw_gid
+            kwargs["group"] = gid
+            kwargs["extra_groups"] = sorted(
+                {g.gr_gid for g in grp.getgrall() if user in g.gr_mem} | {gid}
+            )
+        elif group is not None:
+            kwargs["group"] = grp.getgrnam(group).gr_gid
+        return subprocess.Popen(  # pylint: disable=consider-using-with
+            launch["argv"],
+            cwd=launch.get("chdir"),
+            env=launch.get("env"),
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+            # A group of its own: one killpg reaches the job and every child that stays in it.
+            preexec_fn=os.setpgrp,  # pylint: disable=subprocess-popen-preexec-fn
+            **kwargs
+        )
+
+    def run(self) -> int:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            print("gpuops supervisor: PR_SET_CHILD_SUBREAPER failed: errno %d" % ctypes.get_errno(), file=sys.stderr)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.forward)
+        # A handler, not SIG_IGN: exec resets handlers to default but would keep an ignore for the job.
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
+        try:
+            job = self.start_job()
+        except (OSError, KeyError, ValueError, subprocess.SubprocessError) as exc:
+            self.record_exit({"error": "cannot start %r: %s" % (self.launch.get("argv"), exc)})
+            return 1
+        self.job_pid = job.pid
+        write_json_atomic(os.path.join(self.job_dir, RUN_FILE), {
+            "run_id": self.run_id,
+            "spec_hash": self.launch.get("spec_hash"),
+            "backend": "supervisor",
+            "supervisor_pid": os.getpid(),
+            "supervisor_starttime": process_starttime(os.getpid()),
+            "pid": job.pid,
+            "pgid": job.pid,
+            "starttime": process_starttime(job.pid),
+            "started_at": utc_now(),
+            "log_path": self.launch.get("log_path"),
+        })
+        if self.pending_signal:
+            self.forward(self.pending_signal, None)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                return 0  # no child left: the job's whole tree is gone
+            if pid == job.pid:
+                job.returncode = status  # keeps Popen from waiting on a pid we reaped
+                self.record_exit(exit_fields(status))
+
+
+def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
+    """exit.json from the variables systemd passes to ExecStopPost."""
+    code = environ.get("EXIT_CODE", "")
+    status = environ.get("EXIT_STATUS", "")
+    fields = {"exit_code": None, "exit_signal": None, "service_result": environ.get("SERVICE_RESULT")}
+    if code == "exited" and status.isdigit():
+        fields["exit_code"] = int(status)
+    elif code in ("killed", "dumped") and status:
+        fields["exit_signal"] = status if status.startswith("SIG") else "SIG" + status
+    write_json_atomic(
+        os.path.join(job_dir, EXIT_FILE), dict(fields, run_id=run_id, ended_at=utc_now())
+    )
+
+
+def main(argv: list) -> int:
+    if len(argv) >= 2 and argv[0] == "run":
+        return Supervisor(argv[1]).run()
+    if len(argv) >= 3 and argv[0] == "record-exit":
+        record_systemd_exit(argv[1], argv[2], dict(os.environ))
+        return 0
+    print("usage: supervisor.py run JOB_DIR | record-exit JOB_DIR RUN_ID", file=sys.stderr)
+    return 2
+
+
+# --- used by the module ----------------------------------------------------------------------
+
+
+def supervisor_source() -> str:
+    """This file's source, wherever Ansible loaded it from (a file or the AnsiballZ zip)."""
+    loader = globals().get("__loader__")
+    get_source = getattr(loader, "get_source", None)
+    if get_source is not None:
+        try:
+            source = get_source(__name__)
+        except ImportError:
+            source = None
+        if source:
+            return source
+    with open(__file__, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def install_supervisor(job_dir: str) -> str:
+    """Write the private copy of this program into `job_dir`; return its path."""
+    path = os.path.join(job_dir, SUPERVISOR_FILE)
+    source = supervisor_source()
+    fd, tmp = tempfile.mkstemp(prefix=".supervisor.", dir=job_dir)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(source)
+    os.chmod(tmp, STATE_FILE_MODE)
+    os.rename(tmp, path)
+    return path
+
+
+def spawn_detached(argv: list, log_path: str, log_mode: int = 0o640) -> None:
+    """Start `argv` fully detached: double fork, setsid, stdio to the log, every other fd closed.
+
+    Returns once the intermediate child has exited (it is reaped here, so it leaves no zombie);
+    the grandchild then belongs to no session of ours and outlives the Ansible connection, a kill
+    of the launcher's process group, and the deletion of the module's temporary files.
+    """
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, log_mode)
+    try:
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the forked child, which never returns
+            status = 127
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    null_fd = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(null_fd, 0)
+                    os.dup2(log_fd, 1)
+                    os.dup2(log_fd, 2)
+                    os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
+                    os.chdir("/")
+                    os.umask(0o077)
+                    os.execv(argv[0], argv)
+                status = 0
+            finally:
+                os._exit(status)  # pylint: disable=protected-access
+        _pid, status = os.waitpid(child, 0)
+        if status != 0:
+            raise OSError("the detaching child failed with wait status %d" % status)
+    finally:
+        os.close(log_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
