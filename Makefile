@@ -4,13 +4,13 @@ SHELL := /bin/bash
 
 VENV      := .venv
 PY        := $(VENV)/bin/python
-BIN       := $(VENV)/bin
+BIN       := $(CURDIR)/$(VENV)/bin
 BUILD     := .build
 COLL_LINK := $(BUILD)/collections/ansible_collections/gpuops/relaunch
 SANITY    := $(BUILD)/sanity/ansible_collections/gpuops/relaunch
 APT_PKGS  := lxc openssh-server debootstrap
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
-export PATH := $(CURDIR)/$(BIN):$(PATH)
+export PATH := $(BIN):$(PATH)
 
 .PHONY: setup apt venv collection demo test pytest sanity lint bench clean
 
@@ -49,14 +49,15 @@ pytest: setup
 	$(PY) -m pytest tests/unit tests/integration
 
 # ansible-test wants a real tree under ansible_collections/<ns>/<name>: copy what git tracks
-# (plus new files) and run there. Its get-pip download is answered offline by tools/get_pip_standin.py.
+# (plus new files), make it a repository of its own, and run there. Its get-pip download is answered offline by tools/get_pip_standin.py.
 sanity: setup
 	rm -rf $(SANITY) && mkdir -p $(SANITY)
 	git ls-files -co --exclude-standard | tar --ignore-failed-read -cf - -T - 2>/dev/null | tar -xf - -C $(SANITY)
 	mkdir -p $(HOME)/.ansible/test/cache
 	cp tools/get_pip_standin.py $(HOME)/.ansible/test/cache/get_pip_24_2.py
-	cd $(SANITY) && $(BIN)/ansible-test sanity --venv --python 3.11 --color no \
-	  --exclude tests/harness/ --exclude bench/ --exclude tools/
+	@# A repository of its own: otherwise ansible-test sees this checkout's .gitignore, which ignores .build/.
+	cd $(SANITY) && git init -q && git add -A
+	cd $(SANITY) && $(BIN)/ansible-test sanity --venv --python 3.11 --color no
 
 lint: setup
 	$(BIN)/ansible-lint --profile production --offline

@@ -7,11 +7,19 @@ installs what ansible-test asked for (e.g. ``pip==24.2``) from the configured in
 """
 
 import ensurepip
+import os
 import subprocess
 import sys
 
 UNSUPPORTED = {"--no-setuptools", "--no-wheel"}
 
+saved_config = os.environ.get("PIP_CONFIG_FILE")
 ensurepip.bootstrap(upgrade=True)
+# ensurepip points PIP_CONFIG_FILE at /dev/null for its own offline install; the real install
+# below must see the machine's pip configuration (index, certificates) again.
+if saved_config is None:
+    os.environ.pop("PIP_CONFIG_FILE", None)
+else:
+    os.environ["PIP_CONFIG_FILE"] = saved_config
 args = [arg for arg in sys.argv[1:] if arg not in UNSUPPORTED]
 sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", *args]))

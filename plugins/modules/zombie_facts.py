@@ -22,7 +22,7 @@ description:
     module watches them for up to I(orphan_grace) seconds and reports what it saw.
   - Never changes anything.
 author:
-  - gpuops.relaunch maintainers
+  - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.job_selection
 options:
@@ -46,10 +46,13 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Runs the same in check mode; it never changes anything.
     support: full
   diff_mode:
+    description: Has no diff to show.
     support: none
   facts:
+    description: Returns C(ansible_facts.zombie_facts).
     support: full
 notes:
   - Inside a container, GPU memory can be held by a process of another PID namespace (the host or
