@@ -1,0 +1,417 @@
+"""A simulated NVML for tests: the `pynvml` API surface gpu_mem_wait uses, driven by real processes.
+
+Test-only. Put ``tests/harness/simnvml`` on PYTHONPATH of the Python that imports ``pynvml`` and
+name a state file in ``GPUOPS_SIMNVML_STATE`` (see :mod:`tests.harness.gpu_holder`, which writes
+it). Without that variable the simulated library is "not installed": ``nvmlInit`` raises
+``NVMLError_LibraryNotFound`` like the real bindings on a machine without ``libnvidia-ml.so.1``.
+
+The state file (JSON, rewritten atomically by the harness, re-read on every call like live driver
+state) holds:
+
+* ``devices``: ``[{uuid, name, total_mib, reserved_mib, base_used_mib}]`` (index = position);
+* ``holders``: ``[{pid, starttime, device, bytes}]`` -- *host* pids, identified by (pid, starttime);
+* ``teardown_delay`` (seconds) and ``stuck_teardown`` (bool), globally or per holder;
+* ``faults``: ``[{call, error}]`` (``error`` an ``NVML_ERROR_*`` name without the prefix) or
+  ``[{call, hang: true}]``; an optional ``device`` index limits a fault to one device;
+* ``host_proc`` and ``host_witness``: where the host's process table is (see below).
+
+How long a holder holds memory, as the real driver does it: while any thread of the process is
+alive. Once the last thread has exited (the process is a zombie or gone) the memory is released
+``teardown_delay`` seconds later -- or, with ``stuck_teardown``, only once the process has been
+reaped (its pid gone), which a never-reaping init never does. The delay counts from the moment a
+query first sees the exit (recorded once, atomically, in ``<state>.seen/``), because a stateless
+library cannot know the exact instant a process ended; that instant plus the delay is the
+"release instant" the benchmark measures from.
+
+Liveness is judged by *host* pid, as the kernel driver does. The process that imports this module
+may run inside a PID namespace whose own ``/proc`` does not show host pids, so the state file names
+``host_proc``: a procfs mounted in the host's PID namespace (the harness bind-mounts the host's
+``/proc`` before it starts the namespace, and the namespace's mount table inherits that mount).
+``host_witness`` (pid and start time of the harness process) proves that ``host_proc`` really is the
+host's: if the witness is not found there, every call raises ``NVMLError_Unknown`` instead of
+wrongly declaring every holder dead. The *caller's* view stays its own ``/proc``: inside the
+namespace the reported pids do not exist, exactly the "memory used, no process" of real hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+import sys
+import time
+
+STATE_ENV = "GPUOPS_SIMNVML_STATE"
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_POWER = 8
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IRQ_ISSUE = 11
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_CORRUPTED_INFOROM = 14
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_OPERATING_SYSTEM = 17
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_MEMORY = 20
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_NOT_READY = 27
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_INVALID_STATE = 29
+NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
+NVML_ERROR_UNKNOWN = 999
+
+nvmlMemory_v2 = 0x02000028
+NVML_VALUE_NOT_AVAILABLE_ulonglong_value = 2**64 - 1
+
+_MIB = 1024 * 1024
+
+# The wording of the real bindings' NVMLError.__str__ for the codes that matter here.
+_ERROR_TEXT = {
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_TIMEOUT: "Timeout",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
+    NVML_ERROR_UNKNOWN: "Unknown Error",
+}
+
+
+class NVMLLibraryMismatchError(Exception):
+    pass
+
+
+class NVMLError(Exception):
+    """Same construction as the real one: NVMLError(code) returns the per-code subclass."""
+
+    _valClassMapping: dict[int, type] = {}
+
+    def __new__(cls, value):
+        if cls is NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __str__(self):
+        return _ERROR_TEXT.get(self.value, "NVML Error with code %d" % self.value)
+
+    def __eq__(self, other):
+        return self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+def _make_error_classes() -> None:
+    """NVML_ERROR_GPU_IS_LOST -> NVMLError_GpuIsLost, exactly as the real bindings name them."""
+    module = sys.modules[__name__]
+    for name in [n for n in dir(module) if n.startswith("NVML_ERROR_")]:
+        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+        code = getattr(module, name)
+
+        def make_new(val):
+            def new(typ, *args):
+                return NVMLError.__new__(typ, val)
+            return new
+
+        error_class = type(class_name, (NVMLError,), {"__new__": make_new(code)})
+        error_class.__module__ = __name__
+        setattr(module, class_name, error_class)
+        NVMLError._valClassMapping[code] = error_class
+
+
+_make_error_classes()
+
+
+def nvmlExceptionClass(nvmlErrorCode):
+    return NVMLError._valClassMapping[nvmlErrorCode]
+
+
+def nvmlErrorString(result):
+    return _ERROR_TEXT.get(result, "Unknown Error")
+
+
+class _Handle:
+    """Stands for a c_nvmlDevice_t: callers only pass it back."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def __repr__(self):
+        return f"<simulated nvmlDevice {self.index}>"
+
+
+class _Struct:
+    """Plain attribute holder, like the real bindings' c structs and friendly objects."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.__dict__})"
+
+
+class c_nvmlMemory_t(_Struct):
+    pass
+
+
+class c_nvmlMemory_v2_t(_Struct):
+    pass
+
+
+class nvmlFriendlyObject(_Struct):
+    pass
+
+
+_initialized = 0
+
+
+# --- state ----------------------------------------------------------------------------------------
+
+
+def _state_path():
+    path = os.environ.get(STATE_ENV)
+    if not path:
+        raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+    return path
+
+
+def _load_state():
+    try:
+        with open(_state_path(), encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND) from exc
+
+
+def _apply_faults(state, call, index=None):
+    for fault in state.get("faults", []):
+        if fault.get("call") != call:
+            continue
+        if "device" in fault and fault["device"] != index:
+            continue
+        if fault.get("hang"):
+            # A call stuck in the driver: it never returns (the caller must time it out).
+            while True:
+                time.sleep(3600)
+        raise NVMLError(globals()["NVML_ERROR_" + fault["error"]])
+
+
+def _stat_fields(proc, pid):
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return raw[raw.rindex(b")") + 2:].split()
+
+
+def _starttime(proc, pid):
+    fields = _stat_fields(proc, pid)
+    return int(fields[19]) if fields else None
+
+
+def _host_proc(state):
+    proc = state.get("host_proc", "/proc")
+    witness = state.get("host_witness")
+    if witness and _starttime(proc, witness["pid"]) != witness["starttime"]:
+        # This is not the host's process table: judging liveness here would be a lie.
+        raise NVMLError(NVML_ERROR_UNKNOWN)
+    return proc
+
+
+def _liveness(proc, holder):
+    """'alive' (a thread runs), 'exited' (all threads ended, pid not yet reaped) or 'reaped'."""
+    if _starttime(proc, holder["pid"]) != holder["starttime"]:
+        return "reaped"
+    try:
+        tids = os.listdir(f"{proc}/{holder['pid']}/task")
+    except OSError:
+        return "reaped"
+    for tid in tids:
+        try:
+            with open(f"{proc}/{holder['pid']}/task/{tid}/stat", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        if raw[raw.rindex(b")") + 2:raw.rindex(b")") + 3] not in (b"Z", b"X"):
+            return "alive"
+    return "exited"
+
+
+def _first_seen_gone(holder):
+    """When a query first saw this holder's teardown start (recorded once, race-free)."""
+    directory = _state_path() + ".seen"
+    os.makedirs(directory, exist_ok=True)
+    path = f"{directory}/{holder['pid']}-{holder['starttime']}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read().strip()
+        if text:
+            return float(text)
+        return time.time()
+    now = time.time()
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(repr(now))
+    return now
+
+
+def _holding(state, proc, holder):
+    stuck = holder.get("stuck_teardown", state.get("stuck_teardown", False))
+    delay = holder.get("teardown_delay", state.get("teardown_delay", 0.0))
+    life = _liveness(proc, holder)
+    if life == "alive" or (stuck and life == "exited"):
+        return True
+    return time.time() < _first_seen_gone(holder) + delay
+
+
+def _active_holders(state, index):
+    proc = _host_proc(state)
+    return [h for h in state.get("holders", []) if h["device"] == index and _holding(state, proc, h)]
+
+
+def _device(state, handle):
+    if not isinstance(handle, _Handle):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    devices = state.get("devices", [])
+    if handle.index >= len(devices):
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    return devices[handle.index]
+
+
+def _check_init():
+    if not _initialized:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+
+# --- the API ----------------------------------------------------------------------------------
+
+
+def nvmlInitWithFlags(flags):
+    global _initialized
+    state = _load_state()
+    _apply_faults(state, "nvmlInit")
+    _initialized += 1
+
+
+def nvmlInit():
+    nvmlInitWithFlags(0)
+
+
+def nvmlShutdown():
+    global _initialized
+    _check_init()
+    _initialized -= 1
+
+
+def nvmlSystemGetDriverVersion():
+    _check_init()
+    state = _load_state()
+    _apply_faults(state, "nvmlSystemGetDriverVersion")
+    return state.get("driver_version", "550.54.15")
+
+
+def nvmlDeviceGetCount():
+    _check_init()
+    state = _load_state()
+    _apply_faults(state, "nvmlDeviceGetCount")
+    return len(state.get("devices", []))
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    _check_init()
+    state = _load_state()
+    if not 0 <= index < len(state.get("devices", [])):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    _apply_faults(state, "nvmlDeviceGetHandleByIndex", index)
+    return _Handle(index)
+
+
+def nvmlDeviceGetHandleByUUID(uuid):
+    _check_init()
+    state = _load_state()
+    wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+    for index, device in enumerate(state.get("devices", [])):
+        if device["uuid"] == wanted:
+            return _Handle(index)
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetIndex(handle):
+    _check_init()
+    _device(_load_state(), handle)
+    return handle.index
+
+
+def nvmlDeviceGetName(handle):
+    _check_init()
+    state = _load_state()
+    _apply_faults(state, "nvmlDeviceGetName", handle.index)
+    return _device(state, handle)["name"]
+
+
+def nvmlDeviceGetUUID(handle):
+    _check_init()
+    state = _load_state()
+    _apply_faults(state, "nvmlDeviceGetUUID", handle.index)
+    return _device(state, handle)["uuid"]
+
+
+def nvmlDeviceGetMemoryInfo(handle, version=None):
+    _check_init()
+    state = _load_state()
+    _apply_faults(state, "nvmlDeviceGetMemoryInfo", handle.index)
+    device = _device(state, handle)
+    total = int(device["total_mib"] * _MIB)
+    reserved = int(device.get("reserved_mib", 0) * _MIB)
+    used = int(device.get("base_used_mib", 0) * _MIB)
+    used += sum(int(h["bytes"]) for h in _active_holders(state, handle.index))
+    used = min(used, total - reserved)
+    if not version:
+        # v1 counts the driver's reserved memory as used (R510 and later), hence the v2 call.
+        return c_nvmlMemory_t(total=total, free=total - reserved - used, used=used + reserved)
+    if version != nvmlMemory_v2:
+        raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    return c_nvmlMemory_v2_t(version=version, total=total, reserved=reserved, free=total - reserved - used, used=used)
+
+
+def nvmlDeviceGetComputeRunningProcesses_v3(handle):
+    _check_init()
+    state = _load_state()
+    _apply_faults(state, "nvmlDeviceGetComputeRunningProcesses", handle.index)
+    _device(state, handle)
+    processes = []
+    for holder in _active_holders(state, handle.index):
+        used = holder["bytes"] if holder.get("report_memory", True) else None
+        processes.append(nvmlFriendlyObject(
+            pid=holder["pid"], usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF,
+        ))
+    return processes
+
+
+nvmlDeviceGetComputeRunningProcesses_v2 = nvmlDeviceGetComputeRunningProcesses_v3
+nvmlDeviceGetComputeRunningProcesses = nvmlDeviceGetComputeRunningProcesses_v3
