@@ -81,9 +81,9 @@ def assess(
     """Take one snapshot under `proc_root` and classify what it holds."""
     table = ProcessTable.scan(proc_root)
     protection = Protection(table, options.protected)
-    job = options.selector.select(table) if not options.selector.is_empty else set()
-    protected_job = {pid for pid in job if pid in protection}
-    job -= protected_job
+    named = options.selector.named(table)
+    job = options.selector.select(table, protection, named)
+    protected_job = {pid for pid in named if pid in protection}
 
     holders = table.device_holders(options.device_glob)
     holder_pids = {h.pid for h in holders}

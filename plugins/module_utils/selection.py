@@ -32,15 +32,29 @@ class JobSelector:
     def is_empty(self) -> bool:
         return not self.patterns and not self.pids
 
-    def select(self, table: ProcessTable) -> set[int]:
-        """Pids of the job in `table` (before protection is applied)."""
-        roots = set(table.matching(self.patterns))
-        roots.update(pid for pid in self.pids if pid in table.processes)
-        selected = set(roots)
+    def named(self, table: ProcessTable) -> set[int]:
+        """Pids the selectors name directly: command line matches and listed pids that exist."""
+        named = set(table.matching(self.patterns))
+        named.update(pid for pid in self.pids if pid in table.processes)
+        return named
+
+    def select(self, table: ProcessTable, protection: "Protection | None" = None, named: set[int] | None = None) -> set[int]:
+        """The job's pids: what is named, plus descendants, minus everything protected.
+
+        Protected processes are never part of the job and are never walked through: naming PID 1
+        must not pull in the whole system as its "descendants". Without `protection`, the
+        always-protected set (PID 1, this process and its ancestors, kernel threads) applies.
+        """
+        guard = protection if protection is not None else Protection(table, ())
+        job = {pid for pid in (self.named(table) if named is None else named) if pid not in guard}
         if self.include_descendants:
-            for root in roots:
-                selected.update(table.descendants(root))
-        return selected
+            pending = list(job)
+            while pending:
+                for child in table.children.get(pending.pop(), ()):
+                    if child not in job and child not in guard:
+                        job.add(child)
+                        pending.append(child)
+        return job
 
 
 class Protection:
