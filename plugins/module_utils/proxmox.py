@@ -15,6 +15,7 @@ proxy answered 5xx) it raises AmbiguousPost and the caller reads the state befor
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import traceback
@@ -132,6 +133,17 @@ class ProxmoxConnection:
             timeout=params.get("api_timeout") or 10,
         )
 
+    def problems(self) -> list[str]:
+        """What is wrong with the connection options, each naming the option; empty when fine."""
+        out = []
+        if self.port is not None and not 0 < self.port < 65536:
+            out.append(f"api_port must be a TCP port (1-65535), got {self.port}")
+        if self.timeout <= 0:
+            out.append(f"api_timeout must be positive, got {self.timeout}")
+        if self.ca_path and not os.path.isfile(self.ca_path):
+            out.append(f"ca_path {self.ca_path} is not a file (give the PEM file of the cluster's CA)")
+        return out
+
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
@@ -180,17 +192,23 @@ def _sleep_before_retry(seconds: float) -> None:
 
 def _root_cause(exc: BaseException) -> str:
     """The innermost reason of a requests/urllib3 error chain, which is the one that names the problem."""
-    text = str(exc)
-    seen = set()
-    inner: BaseException | None = exc
-    while inner is not None and id(inner) not in seen:
+    texts: list[str] = []
+    seen: set[int] = set()
+    queue: list[BaseException] = [exc]
+    while queue:
+        inner = queue.pop(0)
+        if id(inner) in seen:
+            continue
         seen.add(id(inner))
-        for arg in getattr(inner, "args", ()):
-            if isinstance(arg, BaseException):
-                text = str(arg)
-        inner = getattr(inner, "reason", None) or inner.__cause__ or inner.__context__
-    match = re.search(r"\[SSL[^\]]*\][^')\"]*", text)
-    return match.group(0).strip() if match else text
+        texts.append(str(inner))
+        queue.extend(arg for arg in getattr(inner, "args", ()) if isinstance(arg, BaseException))
+        reason = getattr(inner, "reason", None)
+        queue.extend(cause for cause in (reason, inner.__cause__, inner.__context__) if isinstance(cause, BaseException))
+    for text in texts:
+        match = re.search(r"\[SSL[^\]]*\][^()'\"]*", text)
+        if match:
+            return match.group(0).strip()
+    return next((text for text in reversed(texts) if text), repr(exc))
 
 
 def _never_sent(exc: BaseException) -> bool:

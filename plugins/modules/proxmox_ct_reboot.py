@@ -265,9 +265,7 @@ def main() -> None:
         lock_timeout=params["lock_timeout"],
         skiplock=params["skiplock"],
     )
-    problems = request.problems(connection.user, connection.uses_token)
-    if params["api_timeout"] <= 0:
-        problems.append(f"api_timeout must be positive, got {params['api_timeout']}")
+    problems = connection.problems() + request.problems(connection.user, connection.uses_token)
     if problems:
         module.fail_json(msg="; ".join(problems), tasks=[])
 

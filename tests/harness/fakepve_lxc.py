@@ -524,7 +524,7 @@ class FakePveServer:
 
     def expire_tickets(self) -> None:
         """Every ticket handed out so far is past its expiry (the next request with one gets 401)."""
-        self.call(_expire_tickets, self.pve)
+        self.call(expire_tickets, self.pve)
 
     def add_token(self, user: str, name: str) -> str:
         """An API token user!name; returns its secret."""
@@ -551,7 +551,8 @@ class FakePveServer:
         ]
 
 
-def _expire_tickets(pve: FakePve) -> None:
+def expire_tickets(pve: FakePve) -> None:
+    """Every ticket of `pve` is past its expiry; call on the server's loop (or as a before_request action)."""
     for session in pve.tickets.values():
         session["expires"] = time.time() - 1
 
