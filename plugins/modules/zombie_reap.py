@@ -1,0 +1,300 @@
+#!/usr/bin/python
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: zombie_reap
+short_description: End a training job's processes and clear its zombies with the least force that works
+version_added: 0.1.0
+description:
+  - Selects the job exactly as M(gpuops.relaunch.zombie_facts) does (I(match), I(pids),
+    I(include_descendants), I(protected)), computes a plan from one snapshot of the process table,
+    and walks an escalation ladder, least force first. Every signal goes to a (pid, start time)
+    identity the plan selected and returns in RV(plan).
+  - "Step 1: I(term_signal) to every live job process, process group by process group; each member
+    is signalled on its own, so a process group shared with processes outside the job is never
+    signalled as a whole. Then a wait of up to I(term_timeout) for them to exit."
+  - "Step 2: SIGKILL to a zombie leader of the job (state C(Zl): the main thread exited, other
+    threads run on and hold the memory) at once, and to every job process still running after
+    I(term_timeout). Then a wait of up to I(kill_timeout) for them to exit or to show that they are
+    stuck in uninterruptible sleep (C(D))."
+  - "Step 3: threads in C(D) hold a pending SIGKILL until they wake: a wait of up to
+    I(d_state_timeout) for them to end."
+  - "Step 4: a job process left as a zombie is reaped by its parent. A parent outside the job gets
+    SIGCHLD (a parent with a SIGCHLD handler reaps then); then a wait of up to I(reap_timeout).
+    Zombies orphaned to PID 1 are left to PID 1 for that time (a reaping init takes them within
+    about 1.5 seconds)."
+  - "Step 5: only with I(reap_parents=true), a parent that still has not reaped is ended
+    (I(term_signal), I(term_timeout), SIGKILL) so that its zombies go to the subreaper or PID 1; then
+    another wait of up to I(reap_timeout)."
+  - "Step 6: what is left is reported in RV(remaining) with RV(reasons) naming the pids, and
+    RV(escalation) says what would clear it: C(container_reboot) for zombies orphaned to a PID 1
+    that does not reap (only a restart of the container clears them), C(host_action) for threads
+    still in C(D) after I(d_state_timeout) (with their wait channel) or a process that survives
+    SIGKILL. A zombie whose live parent may not be ended holds only its pid and is reported without
+    escalation."
+  - "Never signalled: PID 1 of the namespace, the process running this module and all its
+    ancestors (the Ansible connection), kernel threads, anything matching I(protected), and any
+    process that is neither the job nor the parent of a job process under the rules above. A
+    broad pattern kill is impossible by construction: there is no signal to a process group and
+    none to a pid the plan did not print."
+  - Each signal first pins the process with a pidfd (C(pidfd_open), Linux 5.3+) and only then checks
+    its start time, so a pid that was reused by another process after the snapshot is never
+    signalled (RV(actions) shows C(recycled)). Where pidfds are unavailable, the start time is
+    re-read immediately before C(kill()).
+  - Processes the job forks while it is being ended are found by a fresh look afterwards and get the
+    same ladder (at most three rounds).
+author:
+  - gpuops.relaunch maintainers
+extends_documentation_fragment:
+  - gpuops.relaunch.job_selection
+options:
+  term_signal:
+    description:
+      - The polite signal of steps 1 and 5, for example C(SIGTERM), C(SIGINT) (many trainers save a
+        checkpoint on it) or C(SIGHUP). The C(SIG) prefix is optional; case does not matter.
+      - Signals that do not end a process (C(SIGSTOP), C(SIGCONT), C(SIGCHLD) and the like) are
+        refused.
+    type: str
+    default: SIGTERM
+  term_timeout:
+    description:
+      - Seconds to wait after I(term_signal) before SIGKILL. Between 0 and 3600.
+    type: float
+    default: 10.0
+  kill_timeout:
+    description:
+      - Seconds to wait after SIGKILL for processes to exit, or to show that they are stuck in
+        uninterruptible sleep. Between 0 and 3600.
+    type: float
+    default: 10.0
+  reap_timeout:
+    description:
+      - Seconds to wait for zombies of the job to be reaped by their parent, their subreaper or
+        PID 1 (after SIGCHLD, and again after ending parents). A reaping init takes orphans
+        within about 1.5 seconds. Between 0 and 3600.
+    type: float
+    default: 5.0
+  d_state_timeout:
+    description:
+      - Seconds to wait for threads in uninterruptible sleep to wake (their pending SIGKILL ends them
+        then) before reporting RV(escalation=host_action). Between 0 and 3600.
+    type: float
+    default: 30.0
+  reap_parents:
+    description:
+      - Whether a parent outside the job that does not reap a zombie of the job within
+        I(reap_timeout) may be ended (I(term_signal), I(term_timeout), SIGKILL) so that the subreaper or
+        PID 1 reaps the zombie. Protected processes, PID 1 and this module's ancestors are never
+        ended, whatever this says.
+      - Ending a parent also orphans its other children; they keep running.
+    type: bool
+    default: false
+  fail_on_escalation:
+    description:
+      - Whether to fail when RV(escalation) is not C(none). The default lets the playbook decide
+        (for example to reboot the container with M(gpuops.relaunch.proxmox_ct_reboot)).
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    details: Computes and returns the full plan; no signal is sent. C(changed) says whether the plan would signal anything.
+  diff_mode:
+    support: none
+notes:
+  - C(changed) is true only when a signal was sent and a process of the job (or a parent ended
+    under I(reap_parents)) went away: exited, or was reaped.
+  - A job whose selection matches nothing returns C(changed=false) with a message, so a second run
+    is a no-op. I(match) and I(pids) must not both be empty.
+  - I(proc_root) must be the process table of the PID namespace the module runs in, except in check
+    mode; run the module inside the container (for example over C(pct exec)) to act there.
+seealso:
+  - module: gpuops.relaunch.zombie_facts
+  - module: gpuops.relaunch.gpu_mem_wait
+  - module: gpuops.relaunch.proxmox_ct_reboot
+"""
+
+EXAMPLES = r"""
+- name: End the old training run and clear its zombies
+  gpuops.relaunch.zombie_reap:
+    match:
+      - /workspace/run/train\.py\b
+    term_signal: SIGINT
+    term_timeout: 30
+  register: reap
+
+- name: Reboot the container only when nothing less helps
+  ansible.builtin.debug:
+    msg: "{{ reap.reasons }}"
+  when: reap.escalation == 'container_reboot'
+
+- name: A defunct python3 whose parent never waits
+  gpuops.relaunch.zombie_reap:
+    pids: [4130]
+    reap_parents: true
+    fail_on_escalation: true
+"""
+
+RETURN = r"""
+msg:
+  description: One line saying what was done or would be done.
+  returned: always
+  type: str
+  sample: "ended 6 process(es) with 7 signal(s); nothing left that blocks a relaunch"
+job:
+  description: The job's processes at the snapshot (after leaving out protected ones).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4121, starttime: 991200, comm: python3}]
+plan:
+  description:
+    - Every signal the ladder may send, in order, with its target identity, the condition under
+      which it is sent (C(when)) and why. Conditional steps are skipped when their condition does
+      not hold. C(round) is 2 or 3 for processes the job forked while being ended.
+    - C(stage) is one of C(terminate), C(kill_leader), C(kill), C(notify_parent), C(end_parent),
+      C(end_parent_kill).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {stage: terminate, pid: 4121, starttime: 991200, comm: python3, signal: SIGTERM, when: at once, round: 1,
+       reason: "job process (every member of process group 4121 is the job; each is signalled by identity)"}
+notes:
+  description: What the plan leaves to others (PID 1, a protected parent) and threads found in uninterruptible sleep.
+  returned: always
+  type: list
+  elements: str
+  sample: ["pid 4130: orphaned to PID 1 (sleep), which must reap them once they exit; watched for 5s, ..."]
+protected:
+  description: Processes the selection or the ladder would have touched but that are protected, and why.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 612, comm: sshd, reason: "parent of job processes pid 4121, but matches protected pattern '\\\\bsshd\\\\b'"}]
+missing_pids:
+  description: Pids given in I(pids) that do not exist.
+  returned: always
+  type: list
+  elements: int
+  sample: []
+actions:
+  description:
+    - The signals actually tried (none in check mode), with C(result) C(sent), C(gone) (it had
+      exited), C(recycled) (its pid now belongs to another process: not signalled), C(denied) or
+      C(refused), and C(elapsed) seconds since the ladder started.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{stage: terminate, pid: 4121, starttime: 991200, comm: python3, signal: SIGTERM, result: sent, elapsed: 0.002, round: 1}]
+signals_sent:
+  description: How many signals were delivered.
+  returned: always
+  type: int
+  sample: 7
+ended:
+  description: Processes of the job (and parents ended under I(reap_parents)) whose state changed; C(was) and C(now) are C(running), C(zombie) or C(gone).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4121, starttime: 991200, comm: python3, was: running, now: gone}]
+remaining:
+  description:
+    - What the ladder could not clear, with C(state) (C(D), C(running) or C(Z)) and a C(reason). Entries
+      for processes still running name the GPU device files they hold in C(devices).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4150, starttime: 991290, comm: python3, state: D, devices: [/dev/nvidia0],
+            reason: "pid 4150 thread 4152 (python3) is still in uninterruptible sleep (wchan uvm_va_space_destroy) ..."}]
+escalation:
+  description: C(none), C(container_reboot) (only a restart of the container clears what is left) or C(host_action) (not even that may help).
+  returned: always
+  type: str
+  sample: container_reboot
+reasons:
+  description: Why RV(escalation) is what it is, and what is left, each naming pids.
+  returned: always
+  type: list
+  elements: str
+  sample: ["zombies 7, 9 are orphaned to PID 1 (sleep) ..., and were not reaped within 5s: only a restart of the container clears them"]
+elapsed:
+  description: Seconds the module spent planning and walking the ladder.
+  returned: always
+  type: float
+  sample: 1.734
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.job_options import (
+    JOB_SELECTION_SPEC,
+    job_selection_from_params,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
+from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import (
+    NO_ESCALATION,
+    check_own_namespace,
+    reap_job,
+    summary,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import (
+    ReapOptions,
+    check_timeout,
+    parse_term_signal,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            JOB_SELECTION_SPEC,
+            term_signal={"type": "str", "default": "SIGTERM"},
+            term_timeout={"type": "float", "default": 10.0},
+            kill_timeout={"type": "float", "default": 10.0},
+            reap_timeout={"type": "float", "default": 5.0},
+            d_state_timeout={"type": "float", "default": 30.0},
+            reap_parents={"type": "bool", "default": False},
+            fail_on_escalation={"type": "bool", "default": False},
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        selector, protected = job_selection_from_params(params)
+        if selector.is_empty:
+            raise ValueError("match, pids: both are empty; name the job with a pattern or a pid (zombie_reap never acts on everything)")
+        options = ReapOptions(
+            term_signal=parse_term_signal(params["term_signal"]),
+            term_timeout=check_timeout(params["term_timeout"], "term_timeout"),
+            kill_timeout=check_timeout(params["kill_timeout"], "kill_timeout"),
+            reap_timeout=check_timeout(params["reap_timeout"], "reap_timeout"),
+            d_state_timeout=check_timeout(params["d_state_timeout"], "d_state_timeout"),
+            reap_parents=params["reap_parents"],
+        )
+        if not module.check_mode:
+            check_own_namespace(params["proc_root"])
+        result = reap_job(
+            selector, protected, options,
+            proc_root=params["proc_root"], device_glob=params["gpu_device_glob"], check_mode=module.check_mode,
+        )
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    except ProcfsError as exc:
+        module.fail_json(msg=f"proc_root: {exc}")
+    except OSError as exc:
+        module.fail_json(msg=f"signalling failed: {exc}")
+    report = result.as_dict()
+    report["msg"] = summary(result, module.check_mode)
+    if module.check_mode:
+        report["changed"] = bool(result.first.steps)
+    if params["fail_on_escalation"] and report["escalation"] != NO_ESCALATION:
+        module.fail_json(**report)
+    module.exit_json(**report)
+
+
+if __name__ == "__main__":
+    main()
