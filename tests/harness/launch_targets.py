@@ -1,0 +1,156 @@
+"""Shared pieces of the train_launch integration tests: targets, plays, process checks, clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.harness.pidns import PidNamespace, process_starttime
+from tests.harness.playbook import REPO, PlaybookRun, run_playbook
+
+DEMO = str(REPO / "playbooks" / "files" / "demo_train.py")
+PYTHON = "/usr/bin/python3"
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    stat: str
+    args: str
+
+    @property
+    def zombie(self) -> bool:
+        return self.stat.startswith("Z")
+
+
+@dataclass
+class Target:
+    """Where the job runs: this machine (local connection) or a PID-namespace container (nsenter)."""
+
+    kind: str
+    inventory: str
+    work: Path
+    namespace: PidNamespace | None = None
+    started_runs: list[dict] = field(default_factory=list)
+
+    @property
+    def state_dir(self) -> str:
+        return str(self.work / "state")
+
+    def log(self, name: str = "train.log") -> str:
+        return str(self.work / name)
+
+    def play(self, tasks: list[dict[str, Any]], check: bool = False, timeout: float = 180) -> PlaybookRun:
+        run = run_playbook(
+            [{"hosts": "all", "gather_facts": False, "tasks": tasks}],
+            inventory=self.inventory, check=check, timeout=timeout,
+        )
+        for name in run.tasks:
+            for result in run.tasks[name]:
+                self.remember(result)
+        return run
+
+    def launch_task(self, name: str = "job", task_name: str = "launch", **options: Any) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "name": name,
+            "command": [PYTHON, DEMO],
+            "log_path": self.log(),
+            "state_dir": self.state_dir,
+            "ready_regex": "^step 1 ",
+            "min_uptime": 0.5,
+            "startup_timeout": 20,
+            "stop_timeout": 5,
+        }
+        args.update(options)
+        return {"name": task_name, "gpuops.relaunch.train_launch": args}
+
+    def remember(self, result: dict[str, Any]) -> None:
+        """Keep what a task said it started, so clean-up can end it even if an assertion fails."""
+        if result.get("supervisor_pid") or result.get("pid"):
+            self.started_runs.append(dict(result))
+
+    def processes(self) -> dict[int, Proc]:
+        argv = ["ps", "-eo", "pid=,ppid=,pgid=,stat=,args="]
+        if self.namespace is not None:
+            out = self.namespace.run_inside(argv).stdout
+        else:
+            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        table: dict[int, Proc] = {}
+        for line in out.splitlines():
+            parts = line.split(None, 4)
+            if len(parts) >= 4:
+                pid, ppid, pgid = int(parts[0]), int(parts[1]), int(parts[2])
+                table[pid] = Proc(pid, ppid, pgid, parts[3], parts[4] if len(parts) > 4 else "")
+        return table
+
+    def read_state(self, name: str, file: str) -> dict | None:
+        try:
+            return json.loads(Path(self.state_dir, name, file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def host_pid(self, pid: int) -> int | None:
+        """The host pid of a pid as the target sees it."""
+        if self.namespace is None:
+            return pid
+        for host_pid in self.namespace.host_pids():
+            try:
+                status = Path(f"/proc/{host_pid}/status").read_text(encoding="utf-8")
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
+                    return host_pid
+        return None
+
+    def clean_up(self) -> None:
+        """End whatever the tests started here (the namespace ends with its init anyway)."""
+        if self.namespace is not None:
+            return
+        for run in self.started_runs:
+            for pid_key, start_key in (("supervisor_pid", None), ("pid", "starttime")):
+                pid = run.get(pid_key)
+                if not pid:
+                    continue
+                if start_key and process_starttime(pid) != run.get(start_key):
+                    continue
+                try:
+                    if pid_key == "pid" and os.getpgid(pid) == pid:
+                        os.killpg(pid, signal.SIGKILL)
+                    else:
+                        os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def wait_for(condition, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not hold within {timeout}s")
+        time.sleep(interval)
+
+
+def playbook_popen(target: Target, tasks: list[dict], out: Path) -> subprocess.Popen:
+    """ansible-playbook in a session of its own (so the test can kill that whole session)."""
+    play = out.with_suffix(".yml")
+    play.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": tasks}]), encoding="utf-8")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    with open(out, "w", encoding="utf-8") as handle:
+        return subprocess.Popen(  # pylint: disable=consider-using-with
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", target.inventory, str(play)],
+            cwd=str(REPO), env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )

@@ -1,0 +1,269 @@
+"""train_launch for real: ansible-playbook on localhost and inside a never-reaping PID namespace.
+
+Every test launches the demo job (playbooks/files/demo_train.py) through the real module and checks
+the real process table afterwards. The namespace's init (``sleep``) never reaps, so a process the job
+orphans would stay a zombie there for ever unless the supervisor, its subreaper, reaps it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.harness.launch_targets import PYTHON, DEMO, Target, playbook_popen, wait_for
+from tests.harness.pidns import pid_namespace
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["localhost", "pidns"])
+def target(request, tmp_path):
+    inventory = tmp_path / "inventory"
+    if request.param == "localhost":
+        inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n")
+        where = Target("localhost", str(inventory), tmp_path)
+        try:
+            yield where
+        finally:
+            where.clean_up()
+        return
+    with pid_namespace() as namespace:
+        namespace.write_inventory(inventory)
+        yield Target("pidns", str(inventory), tmp_path, namespace)
+
+
+@pytest.fixture
+def local(tmp_path):
+    inventory = tmp_path / "inventory"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n")
+    where = Target("localhost", str(inventory), tmp_path)
+    try:
+        yield where
+    finally:
+        where.clean_up()
+
+
+def job_processes(target: Target, result: dict) -> dict:
+    """Processes of the run `result` describes: its group, and everything below its supervisor."""
+    table = target.processes()
+    members = {pid: proc for pid, proc in table.items() if proc.pgid == result["pgid"]}
+    pending = [result["supervisor_pid"]]
+    while pending:
+        parent = pending.pop()
+        for proc in table.values():
+            if proc.ppid == parent and proc.pid not in members:
+                members[proc.pid] = proc
+                pending.append(proc.pid)
+    return members
+
+
+def test_lifecycle(target: Target, tmp_path: Path) -> None:
+    """Start survives the launcher; orphans reaped; idempotent; restarted rotates; spec change restarts; stop."""
+    worker_pids = tmp_path / "workers.pids"
+    start = target.launch_task(command=[PYTHON, DEMO, "--workers", "2", "--worker-seconds", "1",
+                                        "--pid-file", str(worker_pids)])
+    # The play goes on to a task that waits for ever, so the launching session is still there when
+    # the test kills its whole process group (ansible-playbook, its workers, the connection).
+    hang = {"name": "hold the session open", "ansible.builtin.command": "sleep 300"}
+    launcher = playbook_popen(target, [start, hang], tmp_path / "launcher.out")
+    try:
+        run = wait_for(lambda: target.read_state("job", "run.json"), what="run.json")
+        wait_for(lambda: "step 1 " in Path(target.log()).read_text(), what="the ready line")
+        wait_for(lambda: "sleep 300" in (tmp_path / "launcher.out").read_text() or
+                 "hold the session open" in (tmp_path / "launcher.out").read_text(), what="the hanging task")
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=60)
+    target.remember(run)
+    assert "launch" in (tmp_path / "launcher.out").read_text()
+
+    # The orphaned workers end after 1 s; the supervisor (their subreaper) reaps them: no zombie,
+    # even in the namespace whose init never reaps.
+    workers = [int(line) for line in wait_for(lambda: worker_pids.read_text().split(), what="worker pids")]
+    assert len(workers) == 2
+    wait_for(lambda: not set(workers) & set(target.processes()), what="workers reaped")
+    if target.namespace is not None:
+        zombies = [proc for proc in target.processes().values() if proc.zombie]
+        assert zombies == [], zombies
+    table = target.processes()
+    assert run["pid"] in table and not table[run["pid"]].zombie, "the job died with its launcher"
+
+    # Same spec again: nothing to do (and the play returns while the job keeps printing).
+    again = target.play([start])
+    assert again.rc == 0, again.stdout
+    same = again.result("launch")
+    assert same["changed"] is False
+    assert same["pid"] == run["pid"] and same["running"] is True
+
+    # restarted: a new process, the previous log kept as train.log.1.
+    restarted = target.play([dict(start, **{"gpuops.relaunch.train_launch": dict(
+        start["gpuops.relaunch.train_launch"], state="restarted")})]).result("launch")
+    assert restarted["changed"] is True and restarted["running"] is True
+    assert restarted["pid"] != run["pid"]
+    assert restarted["rotated_log"] == target.log() + ".1"
+    old_log = Path(target.log() + ".1").read_text()
+    assert f"demo_train pid {run['pid']} " in old_log and "step 1 " in old_log
+    assert f"demo_train pid {restarted['pid']} " in Path(target.log()).read_text()
+    assert f"demo_train pid {run['pid']} " not in Path(target.log()).read_text()
+    assert restarted["previous"]["pid"] == run["pid"]
+    assert restarted["previous"]["exit_code"] == 0  # the demo ends cleanly on SIGTERM
+    assert run["pid"] not in target.processes()
+
+    # A spec change (one more env variable) with state=started restarts.
+    changed_spec = dict(start["gpuops.relaunch.train_launch"], env={"RUN": "2"})
+    second = target.play([{"name": "launch", "gpuops.relaunch.train_launch": changed_spec}]).result("launch")
+    assert second["changed"] is True and second["pid"] != restarted["pid"]
+    assert second["spec_hash"] != restarted["spec_hash"]
+    assert second["previous"]["pid"] == restarted["pid"]
+    assert Path(target.log() + ".2").read_text() == old_log
+
+    # stopped: nothing of the job left, no zombie of it; a second stop changes nothing.
+    stop = {"name": "stop", "gpuops.relaunch.train_launch": {
+        "name": "job", "state": "stopped", "state_dir": target.state_dir, "stop_timeout": 5}}
+    stopped = target.play([stop]).result("stop")
+    assert stopped["changed"] is True and stopped["running"] is False
+    assert stopped["exit_code"] == 0 and stopped["exit_signal"] is None and stopped["ended_at"]
+    assert stopped["stop"]["escalated"] is False
+    assert job_processes(target, second) == {}
+    leftovers = [proc for proc in target.processes().values()
+                 if proc.pid in (second["pid"], restarted["pid"], run["pid"]) or DEMO in proc.args]
+    assert leftovers == []
+    if target.namespace is not None:
+        # Only the exited supervisor itself may remain there as a zombie (PID 1 never reaps).
+        zombies = {proc.pid for proc in target.processes().values() if proc.zombie}
+        assert zombies <= {second["supervisor_pid"], restarted["supervisor_pid"], run["supervisor_pid"]}
+    assert target.play([stop]).result("stop")["changed"] is False
+
+
+def test_start_fails_with_exit_code_and_log_tail(target: Target) -> None:
+    run = target.play([target.launch_task(
+        command=[PYTHON, DEMO, "--exit-after", "1", "--exit-code", "3", "--ready-after", "5"],
+        min_uptime=3, startup_timeout=20)])
+    result = run.result("launch")
+    assert run.rc != 0 and result["failed"] is True
+    assert result["exit_code"] == 3 and result["exit_signal"] is None
+    assert "exit code 3" in result["msg"]
+    assert "exiting with code 3" in result["log_tail"]
+    assert result["running"] is False
+    assert not [proc for proc in target.processes().values() if DEMO in proc.args]
+
+
+def test_start_fails_at_deadline_without_ready_line(local: Target) -> None:
+    run = local.play([local.launch_task(command=[PYTHON, DEMO, "--no-ready"], startup_timeout=2)])
+    result = run.result("launch")
+    assert result["failed"] is True
+    assert "ready_regex" in result["msg"] and "appeared" in result["msg"]
+    assert "setup 3/3" in result["log_tail"]
+    # The job that never proved itself is not left running (a re-run must not call it started).
+    assert result["stopped_after_failure"] is True and result["running"] is False
+    assert result["pid"] not in local.processes()
+
+
+def test_missing_program_fails_with_start_error(local: Target) -> None:
+    result = local.play([local.launch_task(command=["/nonexistent/train"])]).result("launch")
+    assert result["failed"] is True
+    assert "No such file" in result["start_error"] and "No such file" in result["msg"]
+
+
+def test_stop_escalates_to_sigkill_and_ends_escaped_workers(local: Target, tmp_path: Path) -> None:
+    """A job that ignores SIGTERM and a worker that left its process group: both end."""
+    pids = tmp_path / "workers.pids"
+    start = local.launch_task(command=[PYTHON, DEMO, "--ignore-term", "--workers", "1", "--worker-seconds", "300",
+                                       "--worker-setsid", "--pid-file", str(pids)])
+    started = local.play([start]).result("launch")
+    worker = int(wait_for(lambda: pids.read_text().split(), what="worker pid")[0])
+    table = local.processes()
+    assert table[worker].pgid != started["pgid"]  # it left the job's group ...
+    assert table[worker].ppid == started["supervisor_pid"]  # ... but the subreaper adopted it
+    stopped = local.play([{"name": "stop", "gpuops.relaunch.train_launch": {
+        "name": "job", "state": "stopped", "state_dir": local.state_dir, "stop_timeout": 1}}]).result("stop")
+    assert stopped["changed"] is True and stopped["stop"]["escalated"] is True
+    assert stopped["exit_signal"] == "SIGKILL"
+    assert worker in stopped["stop"]["signalled"]
+    table = local.processes()
+    assert worker not in table and started["pid"] not in table
+    # The exited supervisor may still wait a moment for this machine's (slow) PID 1 to reap it.
+    supervisor = table.get(started["supervisor_pid"])
+    assert supervisor is None or supervisor.zombie
+
+
+def test_check_mode_starts_nothing(local: Target) -> None:
+    cache = local.work / "torchinductor_root"
+    cache.mkdir()
+    Path(local.log()).write_text("previous run\n")
+    run = local.play([local.launch_task(remove_paths=[str(cache)])], check=True)
+    result = run.result("launch")
+    assert result["changed"] is True and "would start" in result["msg"]
+    assert result["rotated_log"] == local.log() + ".1" and result["removed_paths"] == [str(cache)]
+    assert cache.exists() and Path(local.log()).read_text() == "previous run\n"
+    assert not Path(local.log() + ".1").exists() and not Path(local.state_dir).exists()
+    assert not [proc for proc in local.processes().values() if DEMO in proc.args]
+
+
+def test_check_mode_stop_of_running_job(local: Target) -> None:
+    started = local.play([local.launch_task()]).result("launch")
+    stop = {"name": "stop", "gpuops.relaunch.train_launch": {
+        "name": "job", "state": "stopped", "state_dir": local.state_dir}}
+    would = local.play([stop], check=True).result("stop")
+    assert would["changed"] is True and "would stop" in would["msg"]
+    assert started["pid"] in local.processes()
+    assert local.play([stop]).result("stop")["changed"] is True
+
+
+def test_remove_paths_before_start(local: Target) -> None:
+    cache = local.work / "torchinductor_root"
+    (cache / "sub").mkdir(parents=True)
+    (cache / "sub" / "kernel.so").write_text("x")
+    stale = local.work / "stale.lock"
+    stale.write_text("")
+    result = local.play([local.launch_task(remove_paths=[str(cache), str(stale), str(local.work / "absent")])]
+                        ).result("launch")
+    assert result["changed"] is True
+    assert result["removed_paths"] == [str(cache), str(stale)]
+    assert not cache.exists() and not stale.exists()
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_bad_input_fails_clearly_and_starts_nothing(local: Target, read_only_dir: Path) -> None:
+    cases = {
+        "empty command": ({"command": []}, "command:"),
+        "string without shell": ({"command": "python3 train.py"}, "shell=true"),
+        "relative log path": ({"log_path": "train.log"}, "log_path:"),
+        "unknown user": ({"user": "no-such-user-gpuops"}, "user: no such user"),
+        "unknown group": ({"group": "no-such-group-gpuops"}, "group: no such group"),
+        "unwritable log dir": ({"log_path": str(read_only_dir / "train.log")}, "not writable"),
+        "missing log dir": ({"log_path": str(local.work / "nope" / "train.log")}, "does not exist"),
+        "invalid regex": ({"ready_regex": "step ("}, "ready_regex:"),
+        "unsafe name": ({"name": "../evil"}, "name:"),
+        "remove root": ({"remove_paths": ["/tmp/.."]}, "remove_paths:"),
+        "relative remove path": ({"remove_paths": ["tmp/x"]}, "remove_paths:"),
+        "min_uptime beyond deadline": ({"min_uptime": 30, "startup_timeout": 5}, "min_uptime:"),
+    }
+    tasks = []
+    for title, (options, _expected) in cases.items():
+        task = local.launch_task(task_name=title, **options)
+        task["ignore_errors"] = True
+        tasks.append(task)
+    run = local.play(tasks)
+    for title, (_options, expected) in cases.items():
+        result = run.result(title)
+        assert result.get("failed") is True, (title, result)
+        assert expected in result["msg"], (title, result["msg"])
+        assert "Traceback" not in result["msg"] and result.get("changed") is False
+    assert not Path(local.state_dir).exists()
+    assert not Path(local.log()).exists()
+    assert not [proc for proc in local.processes().values() if DEMO in proc.args]
