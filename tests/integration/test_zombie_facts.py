@@ -1,0 +1,207 @@
+"""zombie_facts through ansible-playbook against real process states, on localhost and inside a
+PID-namespace container whose init never reaps (reached with community.docker.nsenter)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+
+from tests.harness.pidns import pid_namespace
+from tests.harness.playbook import run_playbook
+from tests.harness.procstates import (
+    PLAIN_ZOMBIE,
+    PYTHON,
+    SLEEPER,
+    STALE_JOB,
+    ZOMBIE_LEADER,
+    Reaper,
+    host_pid,
+    state_of,
+    wait_until,
+)
+
+TASK = "Gather zombie facts"
+
+
+def facts_play(args: dict, hosts: str = "all") -> list[dict]:
+    return [{
+        "name": "zombie_facts",
+        "hosts": hosts,
+        "gather_facts": False,
+        "tasks": [{"name": TASK, "gpuops.relaunch.zombie_facts": args}],
+    }]
+
+
+@pytest.fixture(name="reaper")
+def reaper_fixture():
+    reaper = Reaper()
+    yield reaper
+    reaper.cleanup()
+
+
+@pytest.fixture(name="tag")
+def tag_fixture():
+    """A token on the command line of this test's processes only: the job selector matches it."""
+    return f"gpuops-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(name="local_inventory")
+def local_inventory_fixture(tmp_path):
+    inventory = tmp_path / "inventory"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n", encoding="utf-8")
+    return str(inventory)
+
+
+def gather(inventory: str, args: dict, check: bool = False) -> dict:
+    run = run_playbook(facts_play(args), inventory=inventory, check=check)
+    assert run.rc == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = run.result(TASK)
+    assert result["changed"] is False
+    return result["ansible_facts"]["zombie_facts"]
+
+
+def by_pid(entries: list[dict]) -> dict[int, dict]:
+    return {entry["pid"]: entry for entry in entries}
+
+
+def test_stale_job_tree_on_localhost(reaper, tag, local_inventory):
+    job = reaper.start(STALE_JOB, tag)
+    parent, zombie, orphan = int(job["parent"]), int(job["zombie"]), int(job["orphan"])
+    workers = [int(w) for w in job["workers"].split(",")]
+    decoy = reaper.start(SLEEPER, tag.replace("gpuops-test", "gpuops-tesx"))
+
+    # Orphans of other processes on this machine may pass through PID 1 meanwhile: the default
+    # grace lets it reap them, so the verdict is about this test's processes.
+    facts = gather(local_inventory, {"match": [tag]})
+
+    job_pids = set(by_pid(facts["job_processes"]))
+    assert {parent, zombie, *workers} <= job_pids
+    assert int(decoy["pid"]) not in job_pids
+    # The orphan double-forked out of the tree; its command line still names the job.
+    assert orphan in job_pids
+    entry = by_pid(facts["zombies"])[zombie]
+    assert entry["kind"] == "zombie" and entry["blocking"] is True and entry["job"] is True
+    assert entry["parent"]["pid"] == parent and entry["parent"]["job"] is True
+    assert entry["parent_chain"][0] == parent
+    assert facts["verdict"] == "reapable"
+    assert any(str(parent) in reason for reason in facts["reasons"])
+
+
+def test_job_descendants_only_on_request(reaper, tag, local_inventory):
+    job = reaper.start(STALE_JOB, tag)
+    parent = int(job["parent"])
+    facts = gather(local_inventory, {"pids": [parent], "include_descendants": False, "orphan_grace": 0})
+    assert [p["pid"] for p in facts["job_processes"]] == [parent]
+    facts = gather(local_inventory, {"pids": [parent], "orphan_grace": 0})
+    assert set(int(w) for w in job["workers"].split(",")) < set(by_pid(facts["job_processes"]))
+
+
+def test_zombie_leader_with_live_thread_holding_a_device(reaper, tag, local_inventory, tmp_path):
+    device = tmp_path / "nvidia0"
+    device.write_text("", encoding="utf-8")
+    made = reaper.start(ZOMBIE_LEADER, str(device), tag)
+    zombie = int(made["zombie"])
+
+    facts = gather(local_inventory, {"match": [tag], "gpu_device_glob": str(tmp_path / "nvidia*")})
+
+    entry = by_pid(facts["zombies"])[zombie]
+    assert entry["kind"] == "zombie_leader"
+    assert entry["threads"] == 2
+    (thread,) = entry["live_threads"]
+    assert thread["tid"] != zombie and thread["state"] in ("S", "R")
+    holders = [h for h in facts["gpu_holders"] if h["pid"] == zombie]
+    # The leader's own fd/ is empty; the device is found on the live thread.
+    assert holders == [{"pid": zombie, "tid": thread["tid"], "comm": thread["comm"], "state": thread["state"], "device": str(device)}]
+    assert facts["verdict"] == "reapable"
+
+
+def test_frozen_task_is_uninterruptible(reaper, tag, local_inventory):
+    sleeper = int(reaper.start(SLEEPER, tag)["pid"])
+    reaper.frozen(sleeper)
+    assert state_of(sleeper) == "D"
+    os.kill(sleeper, signal.SIGKILL)  # pending until thawed: the task stays
+    facts = gather(local_inventory, {"match": [tag]})
+    (stuck,) = [u for u in facts["uninterruptible"] if u["pid"] == sleeper]
+    assert stuck["tid"] == sleeper and stuck["wchan"]
+    assert facts["verdict"] == "reapable"  # not the GPU driver: it ends once it wakes
+    assert any(f"{sleeper}/{sleeper}" in reason for reason in facts["reasons"])
+
+
+def test_plain_zombie_of_someone_else_is_reported_but_not_blocking(reaper, tag, local_inventory):
+    made = reaper.start(PLAIN_ZOMBIE, tag)
+    zombie = int(made["zombie"])
+    facts = gather(local_inventory, {"match": ["no-such-job-" + tag], "orphan_grace": 0})
+    entry = by_pid(facts["zombies"])[zombie]
+    assert entry["kind"] == "zombie" and entry["blocking"] is False
+    # The verdict also covers the rest of this machine, which this test does not own.
+    assert not any(str(zombie) in reason for reason in facts["reasons"])
+
+
+def test_check_mode_reports_the_same(reaper, tag, local_inventory):
+    job = reaper.start(STALE_JOB, tag)
+    facts = gather(local_inventory, {"match": [tag], "orphan_grace": 0}, check=True)
+    assert int(job["parent"]) in by_pid(facts["job_processes"])
+
+
+def test_orphan_zombies_under_a_never_reaping_namespace_init(reaper, tag, tmp_path):
+    with pid_namespace() as namespace:
+        runner = ["nsenter", f"--target={namespace.init_pid}", "--pid", "--mount", "--"]
+        made = reaper.start(PLAIN_ZOMBIE, tag, runner=runner)
+        zombie_ns = int(made["zombie"])
+        zombie_host = host_pid(namespace.init_pid, zombie_ns)
+        parent_host = reaper.record(host_pid(namespace.init_pid, int(made["parent"])))
+        reaper.kill(parent_host)
+        # The zombie is handed to the namespace's init (`sleep`), which never reaps it.
+        wait_until(lambda: _ppid(zombie_host) == namespace.init_pid, what="the zombie to be orphaned to the init")
+
+        inventory = namespace.write_inventory(tmp_path / "inventory")
+        facts = gather(inventory, {"match": [tag], "orphan_grace": 1.0})
+
+        entry = by_pid(facts["zombies"])[zombie_ns]  # pids as seen inside the namespace
+        assert entry["parent"]["pid"] == 1 and entry["parent"]["is_namespace_init"] is True
+        assert entry["parent"]["comm"] == "sleep"
+        assert entry["unreaped_orphan"] is True and entry["blocking"] is True
+        assert facts["verdict"] == "needs_reboot"
+        assert any(str(zombie_ns) in reason and "PID 1 (sleep)" in reason for reason in facts["reasons"])
+        assert state_of(zombie_host) == "Z"  # gathering facts changed nothing
+
+
+def test_orphan_zombie_reaped_by_host_init_is_not_a_reboot(reaper, tag, local_inventory):
+    made = reaper.start(PLAIN_ZOMBIE, tag)
+    zombie, parent = int(made["zombie"]), int(made["parent"])
+    reaper.kill(parent)
+    wait_until(lambda: state_of(parent) in (None, "Z") and _ppid(zombie) != parent, what="the parent to die")
+    # PID 1 of this machine reaps orphans, if about 1.5 s late: the module watches, not guesses.
+    facts = gather(local_inventory, {"match": [tag], "orphan_grace": 10})
+    assert facts["verdict"] != "needs_reboot"
+    assert zombie not in by_pid(facts["zombies"]) or by_pid(facts["zombies"])[zombie]["unreaped_orphan"] is False
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"match": ["("]}, "match: '(' is not a valid regular expression"),
+    ({"protected": ["[z-a]"]}, "protected: '[z-a]' is not a valid regular expression"),
+    ({"pids": [-3]}, "pids: process IDs must be positive integers"),
+    ({"orphan_grace": -1}, "orphan_grace: must be between 0 and 600"),
+    ({"driver_wchan": "(("}, "driver_wchan"),
+    ({"proc_root": "/nonexistent-proc"}, "proc_root: cannot list /nonexistent-proc"),
+    ({"pids": ["abc"]}, "pids"),
+])
+def test_bad_input_fails_clearly(local_inventory, args, message):
+    run = run_playbook(facts_play(args), inventory=local_inventory)
+    assert run.rc != 0
+    result = run.result(TASK)
+    assert result["failed"] is True
+    assert message in result["msg"]
+    assert "Traceback" not in result.get("module_stderr", "") and "Traceback" not in result["msg"]
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
