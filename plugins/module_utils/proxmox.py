@@ -40,6 +40,8 @@ DEFAULT_PORT = 8006
 # 500s that PVE answers before it forks a worker and that pass with time: nothing was done, so
 # the same POST may be sent again after a pause.
 TRANSIENT_REFUSALS = ("no quorum", "got timeout")
+# 500s on reads that no retry changes (PVE answers 500 for a guest or node that is not there).
+PERMANENT_READ_ERRORS = ("does not exist", "hostname lookup")
 # Answered by pveproxy or a proxy in front of it, not by the API handler: the request may or may
 # not have reached the node (595-599 are AnyEvent's connection errors, as PVE passes them on).
 PROXY_STATUSES = frozenset((502, 503, 504, 595, 596, 597, 598, 599))
@@ -336,7 +338,7 @@ class ProxmoxClient:
         if status < 500 or status == 501:
             return False
         if method == "GET":
-            return True
+            return not any(word in message for word in PERMANENT_READ_ERRORS)
         return status == 500 and any(word in message for word in TRANSIENT_REFUSALS)
 
 
