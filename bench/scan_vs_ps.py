@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Benchmark: our process snapshot against `ps -eo pid,ppid,stat,nlwp,comm`, same machine, same run.
+
+Spawns N extra processes (default 10,000; each a forked child that waits for a signal), then times,
+alternating so both see the same machine state:
+
+* ps        `ps -eo pid,ppid,stat,nlwp,comm` (the baseline)
+* scan      ProcessTable.scan(): stat of every process, cmdline where one can exist
+* snapshot  the full zombie_facts assessment: scan + job selection by regex with descendants +
+            protection + GPU device holders (glob /dev/nvidia*) + zombie/D classification
+
+and prints medians and the ratio to ps. The spawned processes are ended by their recorded process
+group and reaped by the spawner; nothing else is touched.
+
+    .venv/bin/python bench/scan_vs_ps.py [--processes 10000] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / ".build" / "collections"))
+
+# pylint: disable=wrong-import-position
+from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import AssessmentOptions, assess  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (  # noqa: E402
+    DEFAULT_PROTECTED,
+    JobSelector,
+)
+
+SPAWNER = r"""
+import os, signal, sys
+count = int(sys.argv[1])
+os.setpgid(0, 0)
+children = []
+for _ in range(count):
+    pid = os.fork()
+    if pid == 0:
+        signal.pause()
+        os._exit(0)
+    children.append(pid)
+print("ready", flush=True)
+sys.stdin.read()            # until the benchmark closes our stdin
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+for pid in children:
+    os.waitpid(pid, 0)
+"""
+
+
+def spawn(count: int) -> subprocess.Popen:
+    spawner = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-c", SPAWNER, str(count)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert spawner.stdout is not None
+    if spawner.stdout.readline().strip() != "ready":
+        raise SystemExit(f"spawner failed with {spawner.wait()}")
+    return spawner
+
+
+def time_once(action) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    options = AssessmentOptions(
+        selector=JobSelector.from_options([r"/workspace/run/train\.py\b"], [], True),
+        protected=tuple(JobSelector.from_options(DEFAULT_PROTECTED, [], False).patterns),
+        orphan_grace=0.0,
+    )
+    actions = {
+        "ps": lambda: subprocess.run(["ps", "-eo", "pid,ppid,stat,nlwp,comm"], stdout=subprocess.DEVNULL, check=True),
+        "scan": lambda: ProcessTable.scan("/proc"),
+        "snapshot": lambda: assess(options),
+    }
+
+    spawner = spawn(args.processes)
+    try:
+        total = len(ProcessTable.scan("/proc").processes)
+        timings: dict[str, list[float]] = {name: [] for name in actions}
+        for name, action in actions.items():  # warm the page cache and imports once
+            action()
+        for _ in range(args.rounds):
+            for name, action in actions.items():
+                timings[name].append(time_once(action))
+    finally:
+        assert spawner.stdin is not None
+        spawner.stdin.close()
+        spawner.wait()
+
+    baseline = statistics.median(timings["ps"])
+    print(f"processes on the machine during the run: {total} ({args.processes} spawned), {args.rounds} rounds, medians:")
+    for name in actions:
+        median = statistics.median(timings[name])
+        print(f"  {name:<9} {median * 1000:8.1f} ms   {median / baseline:5.2f}x the time of ps")
+    ratio = statistics.median(timings["snapshot"]) / baseline
+    verdict = "meets" if ratio <= 1.0 else "MISSES"
+    print(f"full snapshot / ps = {ratio:.2f} ({verdict} the target of at most 1.0)")
+
+
+if __name__ == "__main__":
+    main()
