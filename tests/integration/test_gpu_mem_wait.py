@@ -300,3 +300,36 @@ def test_check_mode_and_host_memory_floor(reaper: Reaper, gpu: SimGpu) -> None:
     pid = run.result("pid")
     assert pid["failed"] is True and pid["pids_remaining"][0]["pid"] == sleeper["pid"]
     assert f"pids still present: {sleeper['pid']}" in pid["msg"]
+
+
+def test_gpu_drain_role_says_when_only_a_reboot_helps(reaper: Reaper, gpu: SimGpu) -> None:
+    live = plain_holder(reaper, gpu, mib=512, device=1)
+    with pid_namespace() as namespace:
+        holder = namespace_holder(reaper, namespace, gpu, mib=2048, stuck_teardown=True)
+        reaper.kill(holder["pid"])
+        wait_until(lambda: state_of(holder["pid"]) == "Z", what="the holder to become a zombie")
+        common = {"gpu_drain_timeout": 1.0, "gpu_drain_poll_interval": 0.2, "gpu_drain_environment": gpu.env()}
+        play = [{
+            "hosts": "localhost", "connection": "local", "gather_facts": False,
+            "vars": {"ansible_python_interpreter": TARGET_PYTHON},
+            "tasks": [
+                {"name": "stuck GPU", "ansible.builtin.include_role": {"name": "gpuops.relaunch.gpu_drain"},
+                 "vars": {**common, "gpu_drain_devices": ["0"], "gpu_drain_fail_on_timeout": False}},
+                {"name": "report stuck", "ansible.builtin.debug": {"msg": {
+                    "needs_reboot": "{{ gpu_drain_needs_reboot }}", "verdict": "{{ gpu_drain_verdict }}",
+                    "pids": "{{ gpu_drain_holders | map(attribute='pid') | list }}"}}},
+                # Last: with a live holder and gpu_drain_fail_on_timeout at its default, the role fails.
+                {"name": "held GPU", "ansible.builtin.include_role": {"name": "gpuops.relaunch.gpu_drain"},
+                 "vars": {**common, "gpu_drain_devices": ["1"]}},
+            ],
+        }]
+        run = run_playbook(play, timeout=300)
+        stuck = run.result("report stuck")["msg"]
+        assert stuck["needs_reboot"] is True and stuck["verdict"] == "needs_reboot", run.stdout
+        assert stuck["pids"] == [holder["pid"]]
+        stop = run.tasks["gpuops.relaunch.gpu_drain : Stop when the GPUs are still held"]
+        assert [entry.get("skipped", False) for entry in stop] == [True, False]
+        assert stop[1]["failed"] is True and f"pid {live['pid']}" in stop[1]["msg"]
+        held = run.tasks["gpuops.relaunch.gpu_drain : Wait until the GPUs are released"][1]
+        assert held["verdict"] == "held" and held["needs_reboot"] is False
+        assert run.rc != 0
