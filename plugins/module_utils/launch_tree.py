@@ -84,12 +84,17 @@ def look(identity: JobIdentity, proc_root: str = "/proc") -> TreeView:
     """Scan the process table and pick out the job's tree."""
     table = ProcessTable.scan(proc_root)
     processes = table.processes
-    members = {
-        pid for pid, process in processes.items()
-        if process.pgid == identity.pgid and process.starttime >= identity.starttime
-    }
     leader = processes.get(identity.pid)
-    if leader is not None and leader.starttime == identity.starttime:
+    leader_is_ours = leader is not None and leader.starttime == identity.starttime
+    members: set[int] = set()
+    # The kernel does not hand out a pid while a group still uses it as its id; so if another
+    # process now has the leader's pid, our group emptied long ago and this group is someone else's.
+    if leader is None or leader_is_ours:
+        members = {
+            pid for pid, process in processes.items()
+            if process.pgid == identity.pgid and process.starttime >= identity.starttime
+        }
+    if leader_is_ours:
         members.add(identity.pid)
         members.update(table.descendants(identity.pid))
     supervisor = processes.get(identity.supervisor_pid or 0)

@@ -1,0 +1,107 @@
+"""launch_spec: the spec hash and the checks on user input."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_spec import (
+    JobSpec,
+    SpecError,
+    check_remove_paths,
+    options_from_params,
+)
+
+
+def params(tmp_path, **overrides):
+    base = {
+        "name": "job", "state": "started", "command": ["python3", "train.py"], "shell": False,
+        "chdir": None, "env": {}, "user": None, "group": None, "log_path": str(tmp_path / "train.log"),
+        "keep_logs": 5, "state_dir": str(tmp_path / "state"), "backend": "auto", "startup_timeout": 60,
+        "min_uptime": 5, "ready_regex": None, "stop_timeout": 30, "remove_paths": [], "log_tail_lines": 20,
+    }
+    base.update(overrides)
+    return base
+
+
+def test_hash_is_stable_and_sees_every_part() -> None:
+    spec = JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w", user="root", group="root")
+    assert spec.spec_hash == JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w",
+                                     user="root", group="root").spec_hash
+    variants = [
+        JobSpec(argv=("python3", "train.py", "--x"), env=(("A", "1"),), chdir="/w", user="root", group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "2"),), chdir="/w", user="root", group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/v", user="root", group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w", user=None, group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w", user="root", group=None),
+    ]
+    assert len({spec.spec_hash} | {v.spec_hash for v in variants}) == 6
+
+
+def test_env_order_does_not_change_the_hash(tmp_path) -> None:
+    one = options_from_params(params(tmp_path, env={"A": "1", "B": "2"}))
+    two = options_from_params(params(tmp_path, env={"B": "2", "A": "1"}))
+    assert one.spec.spec_hash == two.spec.spec_hash
+
+
+def test_shell_wraps_the_string(tmp_path) -> None:
+    options = options_from_params(params(tmp_path, command="echo hi | cat", shell=True))
+    assert options.spec.argv == ("/bin/sh", "-c", "echo hi | cat")
+    assert options.job_dir == str(tmp_path / "state" / "job")
+
+
+def test_job_environment_is_clean_plus_env(tmp_path) -> None:
+    env = options_from_params(params(tmp_path, env={"CUDA_VISIBLE_DEVICES": "0"})).spec.job_environment()
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["PATH"].startswith("/usr/local/sbin")
+    assert "PYTHONPATH" not in env and "ANSIBLE_MODULE_ARGS" not in env
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"command": []}, "command: must be a non-empty list"),
+        ({"command": ""}, "command: a string is only accepted with shell=true"),
+        ({"command": "x y"}, "shell=true"),
+        ({"command": [""]}, "command: the program"),
+        ({"command": ["a"], "shell": True}, "with shell=true, command must be a non-empty string"),
+        ({"command": None}, "command: required with state=started"),
+        ({"log_path": None}, "log_path: required"),
+        ({"log_path": "rel/train.log"}, "log_path: 'rel/train.log' is not an absolute path"),
+        ({"log_path": "/nonexistent-dir-gpuops/train.log"}, "does not exist"),
+        ({"state_dir": "state"}, "state_dir:"),
+        ({"chdir": "/nonexistent-dir-gpuops"}, "chdir:"),
+        ({"user": "no-such-user-gpuops"}, "user: no such user"),
+        ({"group": "no-such-group-gpuops"}, "group: no such group"),
+        ({"ready_regex": "("}, "ready_regex: '(' is not a valid regular expression"),
+        ({"name": "a/b"}, "name:"),
+        ({"name": ""}, "name:"),
+        ({"env": {"A=B": "1"}}, "env:"),
+        ({"min_uptime": 10, "startup_timeout": 5}, "min_uptime:"),
+        ({"stop_timeout": -1}, "stop_timeout: must not be negative"),
+        ({"keep_logs": 0}, "keep_logs:"),
+    ],
+)
+def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:
+    with pytest.raises(SpecError) as caught:
+        options_from_params(params(tmp_path, **overrides))
+    assert message in str(caught.value)
+
+
+def test_log_path_that_is_a_directory(tmp_path) -> None:
+    (tmp_path / "train.log").mkdir()
+    with pytest.raises(SpecError, match="is a directory"):
+        options_from_params(params(tmp_path))
+
+
+def test_stopped_needs_no_command(tmp_path) -> None:
+    options = options_from_params(params(tmp_path, state="stopped", command=None, log_path=None))
+    assert options.spec is None and options.state == "stopped"
+
+
+@pytest.mark.parametrize("path", ["/", "//", "/tmp/..", "/./", "relative", "", "./x"])
+def test_remove_paths_refuses_root_and_relative(path) -> None:
+    with pytest.raises(SpecError, match="remove_paths:"):
+        check_remove_paths([path])
+
+
+def test_remove_paths_are_normalised() -> None:
+    assert check_remove_paths(["/tmp/torchinductor_root/", "/tmp/a/../b"]) == ("/tmp/torchinductor_root", "/tmp/b")
