@@ -121,19 +121,23 @@ class StopOutcome:
 
 def _send(view: TreeView, signum: int, outcome: StopOutcome) -> None:
     protection = Protection(view.table, [])
-    targets = [pid for pid in view.live if pid not in protection]
+    own_group = os.getpgrp()
+    # Our own process group holds the connection that runs this module: never part of a job.
+    targets = [pid for pid in view.live
+               if pid not in protection and view.table.processes[pid].pgid != own_group]
     in_group = [pid for pid in targets if view.table.processes[pid].pgid == view.identity.pgid]
-    if in_group and view.identity.pgid not in protection and view.identity.pgid != os.getpgrp():
+    if in_group and view.identity.pgid not in protection:
         # killpg reaches every member at once, even one forked after our scan.
         try:
             os.killpg(view.identity.pgid, signum)
         except OSError:
-            pass
+            in_group = []  # the group emptied since the scan
     for pid in targets:
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            continue  # it ended between the scan and the signal
+        if pid not in in_group:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                continue  # it ended between the scan and the signal
         if pid not in outcome.signalled:
             outcome.signalled.append(pid)
 
