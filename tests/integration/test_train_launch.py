@@ -267,3 +267,30 @@ def test_bad_input_fails_clearly_and_starts_nothing(local: Target, read_only_dir
     assert not Path(local.state_dir).exists()
     assert not Path(local.log()).exists()
     assert not [proc for proc in local.processes().values() if DEMO in proc.args]
+
+
+def test_job_launch_role_starts_and_stops(local: Target) -> None:
+    role_vars = {
+        "job_launch_name": "role-job",
+        "job_launch_command": [PYTHON, DEMO],
+        "job_launch_log_path": str(local.work / "logs" / "train.log"),
+        "job_launch_state_dir": local.state_dir,
+        "job_launch_ready_regex": "^step 1 ",
+        "job_launch_min_uptime": 0.5,
+        "job_launch_startup_timeout": 20,
+        "job_launch_stop_timeout": 5,
+    }
+    start = {"name": "start via role", "ansible.builtin.include_role": {"name": "gpuops.relaunch.job_launch"},
+             "vars": role_vars}
+    stop = {"name": "stop via role", "ansible.builtin.include_role": {
+        "name": "gpuops.relaunch.job_launch", "tasks_from": "stop"}, "vars": role_vars}
+    show = {"name": "show", "ansible.builtin.debug": {"var": "job_launch_result"}}
+    show_stop = {"name": "show stop", "ansible.builtin.debug": {"var": "job_launch_stop_result"}}
+    run = local.play([start, show, stop, show_stop])
+    assert run.rc == 0, run.stdout[-3000:]
+    launched = run.result("show")["job_launch_result"]
+    local.remember(launched)
+    assert launched["changed"] is True and launched["ready_line"].startswith("step 1 ")
+    stopped = run.result("show stop")["job_launch_stop_result"]
+    assert stopped["changed"] is True and stopped["running"] is False
+    assert launched["pid"] not in local.processes()
