@@ -181,7 +181,7 @@ class RetryPolicy:
         """The pauses between attempts."""
         out = []
         delay = self.first_delay
-        for _ in range(max(self.attempts - 1, 0)):
+        for _attempt in range(max(self.attempts - 1, 0)):
             out.append(min(delay, self.max_delay))
             delay *= self.factor
         return out

@@ -205,7 +205,7 @@ def start_ct_task(client: ProxmoxClient, node: str, vmid: int, action: str, sett
     path = f"nodes/{node}/lxc/{vmid}/status/{action}"
     before = _our_tasks(client, node, vmid, task_type)
     last: AmbiguousPost | None = None
-    for _ in range(max(client.retry.attempts, 1)):
+    for _attempt in range(max(client.retry.attempts, 1)):
         try:
             return str(client.post(path, **data))
         except AmbiguousPost as exc:

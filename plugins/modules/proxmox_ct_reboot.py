@@ -16,14 +16,14 @@ description:
     to act when the configured hostname is not O(expected_hostname), refuses to stop a container
     of a cluster that has lost quorum (it could not be started again), and waits up to
     O(lock_timeout) for a config lock (a backup, a snapshot) to clear.
-  - Each PVE task is followed by its UPID and judged by its exit status. Only C(OK) and
+  - "Each PVE task is followed by its UPID and judged by its exit status. Only C(OK) and
     C(WARNINGS: N) are success; any other exit status fails the module at once with PVE's message
-    and the state the container is left in.
+    and the state the container is left in."
   - A container that is stopped is started.
   - Requests that change something are never repeated blindly. When the answer to one is lost, the
     module reads the task list first, so a retry cannot reboot the container twice.
 author:
-  - gpuops.relaunch maintainers
+  - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.proxmox
 options:
@@ -60,7 +60,7 @@ options:
     default: 60
   force:
     description:
-      - With O(method=stop_start), stop the container hard when it does not shut down cleanly: PVE's
+      - With O(method=stop_start), stop the container hard when it does not shut down cleanly, with PVE's
         C(forceStop) after O(timeout); and if the shutdown task still fails or hangs
         (O(timeout) plus 15 seconds), a stop with C(overrule-shutdown).
       - Ignored with O(method=reboot), where PVE always forces after O(timeout).
@@ -87,14 +87,17 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: Reads the container's node, hostname, status, lock and the cluster's quorum, and reports
-      the actions it would take; sends no request that changes anything.
+    details:
+      - Reads the container's node, hostname, status and lock and the cluster's quorum, and reports
+        the actions it would take in RV(actions); sends no request that changes anything.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 notes:
-  - The module talks to the API from wherever it runs. Run it on the controller (C(delegate_to:
-    localhost)), which needs C(proxmoxer) and C(requests).
+  - The module talks to the API from wherever it runs. Run it on the controller (delegate the task
+    to C(localhost)), which needs C(proxmoxer) and C(requests).
   - The user or token needs C(VM.Audit) and C(VM.PowerMgmt) on C(/vms/<vmid>); C(Sys.Audit) on C(/)
     lets the module check quorum (without it that check is skipped).
 seealso:

@@ -65,7 +65,7 @@ while True:
     signal.sigwaitinfo({signal.SIGCHLD})
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             break
         if pid == 0:
@@ -540,7 +540,7 @@ class FakePveServer:
     def requests(self, method: str | None = None, contains: str = "") -> list[tuple[str, str]]:
         """(method, path) of the requests the server saw, oldest first, optionally filtered."""
         seen = self.call(lambda: list(self.pve.requests))
-        return [(m, p) for m, p, _ in seen if (method is None or m == method) and contains in p]
+        return [(m, p) for m, p, _body in seen if (method is None or m == method) and contains in p]
 
     def tasks(self, vmid: int | None = None, task_type: str | None = None) -> list[dict[str, Any]]:
         """The task records (copies), oldest first."""

@@ -53,7 +53,7 @@ def lab(tmp_path) -> Iterator[ProxmoxLab]:
 
 def posts(lab: ProxmoxLab, action: str | None = None) -> list[str]:
     """Paths of the POSTs that change a container (login tickets left out)."""
-    return [path for _, path in lab.server.requests("POST", "/lxc/") if action is None or path.endswith(action)]
+    return [path for _method, path in lab.server.requests("POST", "/lxc/") if action is None or path.endswith(action)]
 
 
 def assert_restarted(lab: ProxmoxLab, old_init, zombie=None) -> None:
