@@ -287,11 +287,6 @@ class LaunchController:
 
     def _stop(self, run: dict, recorded: Backend) -> StopOutcome:
         outcome = recorded.stop(run, self.options)
-        self.result["stop"] = {
-            "signalled": outcome.signalled,
-            "escalated": outcome.escalated,
-            "unreapable_zombies": outcome.unreapable_zombies,
-        }
         record: dict | None = None
 
         def recorded_exit() -> bool:
@@ -301,6 +296,12 @@ class LaunchController:
 
         Deadline(EXIT_RECORD_WAIT).poll(recorded_exit)
         self.result.update(_exit_fields(record))
+        self.result["stop"] = {
+            "signalled": outcome.signalled,
+            # systemd escalates by itself: its record of a SIGKILL end says it had to.
+            "escalated": outcome.escalated or bool(record and record.get("exit_signal") == "SIGKILL"),
+            "unreapable_zombies": outcome.unreapable_zombies,
+        }
         if not outcome.gone:
             self.result["stop"]["remaining"] = outcome.remaining
             raise LaunchError(

@@ -126,8 +126,9 @@ options:
     type: str
   stop_timeout:
     description:
-      - Seconds to wait after SIGTERM before SIGKILL when stopping the job (also systemd's
-        C(TimeoutStopSec)).
+      - Seconds to wait after SIGTERM before SIGKILL when stopping the job.
+      - With the systemd backend this becomes the unit's C(TimeoutStopSec) when the job is started, and
+        that value applies when it is stopped.
     type: float
     default: 30
   remove_paths:
