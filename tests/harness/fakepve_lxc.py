@@ -21,8 +21,13 @@ PVE node (``pct exec`` is ``lxc-attach -n <vmid>``), and is destroyed by name at
 
     with proxmox_lab(tmp_path, vmid=200, hostname="gpu01") as lab:
         zombie = lab.container.make_zombie()
-        run_playbook(..., module args = lab.module_args(vmid=lab.vmid, expected_hostname="gpu01"))
+        run_playbook(... gpuops.relaunch.proxmox_ct_reboot: lab.module_args(vmid=200, expected_hostname="gpu01"))
         assert not lab.container.exists(zombie)
+
+(or import the ``pve_lab`` pytest fixture). ``lab.container`` runs things inside
+(``attach``, ``start_process``, ``make_zombie``) and gives Ansible a way in (``nsenter_host_vars``);
+``lab.server`` changes the fake while clients talk to it (``call``, ``later``, ``drop_answer``,
+``before_request``, ``expire_tickets``) and shows what it saw (``requests``, ``tasks``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -50,7 +56,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fakepve import FakeCt, FakePve, TaskError
 
 from tests.harness.pidns import process_starttime
-from tests.harness.procstates import state_of, wait_until
+from tests.harness.procstates import host_pid, state_of, wait_until
 
 LXC_TIMEOUT = 30
 LOOP_CALL_TIMEOUT = 30
@@ -329,32 +335,33 @@ class LxcContainer:
 
     def start_process(self, argv: list[str]) -> ProcId:
         """Start `argv` inside, detached and orphaned to the container's init; returns its host pid."""
-        before = set(self.processes())
-        marker = f"gpuops-marker-{secrets.token_hex(4)}"
-        script = f'exec -a "{marker}" "$@" </dev/null >/dev/null 2>&1'
-        proc = self.attach(["/bin/sh", "-c", f"/bin/sh -c '{script}' sh \"$@\" & exit 0", "sh", *argv])
-        if proc.returncode != 0:
-            raise ContainerError(f"lxc-attach {self.name}: {proc.stderr.strip()}")
-        found: list[ProcId] = []
+        init_pid = self.init_pid
+        if init_pid is None:
+            raise ContainerError(f"container {self.name} is not running")
+        proc = self.attach(["/bin/sh", "-c", '"$@" </dev/null >/dev/null 2>&1 & echo $!', "sh", *argv])
+        if proc.returncode != 0 or not proc.stdout.strip().isdigit():
+            raise ContainerError(f"lxc-attach {self.name}: {proc.stderr.strip() or proc.stdout.strip()}")
+        ident = proc_id(host_pid(init_pid, int(proc.stdout.strip())))
+        if ident is None:
+            raise ContainerError(f"{argv} ended before it could be identified in container {self.name}")
+        return ident
 
-        def appeared() -> bool:
-            for ident in self.processes():
-                if ident in before:
-                    continue
-                try:
-                    cmdline = Path(f"/proc/{ident.pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if cmdline.startswith(marker.encode()):
-                    found.append(ident)
-                    return True
-            return False
-
-        wait_until(appeared, timeout=10, what=f"{argv} to start in container {self.name}")
-        return found[0]
+    def nsenter_host_vars(self) -> dict[str, str]:
+        """Host vars that reach inside with community.docker.nsenter, looking the init pid up afresh at
+        every connection (lxc-info), so they keep working across reboots. For a YAML/JSON inventory."""
+        init_pid = "{{ lookup('ansible.builtin.pipe', 'lxc-info -P " + self.lxcpath + " -n " + self.name + " -pH') }}"
+        return {
+            "ansible_connection": "community.docker.nsenter",
+            "ansible_host": init_pid,
+            "ansible_nsenter_pid": init_pid,
+            "ansible_python_interpreter": "/usr/bin/python3",
+        }
 
     def inventory(self, host: str = "ct") -> str:
-        """An INI inventory line that makes Ansible run tasks inside (community.docker.nsenter)."""
+        """An INI inventory line that makes Ansible run tasks inside (community.docker.nsenter).
+
+        It names the current init pid, so it is good until the next restart; see nsenter_host_vars.
+        """
         pid = self.init_pid
         if pid is None:
             raise ContainerError(f"container {self.name} is not running")
@@ -620,6 +627,15 @@ def _add_bridged(pve: FakePve, vmid: int, hostname: str, node: str, container: L
     ct = pve.add_ct(vmid, hostname, node=node, status="running" if running else "stopped",
                     config={"hostname": hostname})
     return bridge(ct, container)
+
+
+@pytest.fixture
+def pve_lab(tmp_path) -> Iterator[ProxmoxLab]:
+    """pytest fixture: proxmox_lab with its defaults (vmid 200, hostname gpu-train-01, node pve1,
+    a non-reaping init) and tasks that really run asynchronously (time_scale 0.01).
+    Import it into a test module to use it."""
+    with proxmox_lab(tmp_path, time_scale=0.01) as lab:
+        yield lab
 
 
 @contextmanager

@@ -18,6 +18,7 @@ import pytest
 
 from tests.harness.fakepve_lxc import ProxmoxLab, expire_tickets, make_pki, proxmox_lab
 from tests.harness.playbook import run_playbook
+from tests.harness.procstates import state_of, wait_until
 
 pytestmark = [
     pytest.mark.lxc,
@@ -88,6 +89,7 @@ def test_reboot_with_token_clears_a_zombie_nothing_inside_could_clear(lab):
 
 def test_stop_start_with_ticket_login_from_environment(lab):
     zombie = lab.container.make_zombie()
+    sleeper = lab.container.start_process(["/usr/bin/sleep", "1000"])
     old_init = lab.container.init_id
 
     result = reboot({"vmid": 200, "expected_hostname": HOSTNAME, "method": "stop_start", "api_timeout": 5},
@@ -97,6 +99,7 @@ def test_stop_start_with_ticket_login_from_environment(lab):
     assert [(t["type"], t["exitstatus"]) for t in result["tasks"]] == [("vzshutdown", "OK"), ("vzstart", "OK")]
     assert result["actions"] == ["shutdown(timeout=60)", "start"]
     assert_restarted(lab, old_init, zombie)
+    assert not lab.container.exists(sleeper), "a process inside survived the stop"
     assert len(lab.server.requests("POST", "/access/ticket")) == 1
 
 
@@ -348,3 +351,18 @@ def test_proxy_error_on_the_post_is_checked_then_sent_again(lab):
     assert len(lab.server.tasks(200, "vzreboot")) == 1
     assert lab.container.starts == 2
     assert_restarted(lab, old_init)
+
+
+# ------------------------------------------------------------------------------ the harness itself
+
+
+@pytest.mark.parametrize("init, reaped", [("non-reaping", False), ("reaping", True)])
+def test_the_containers_init_reaps_only_when_asked_to(tmp_path, init, reaped):
+    with proxmox_lab(tmp_path, init=init) as lab:
+        orphan = lab.container.start_process(["/usr/bin/sleep", "1"])
+        wait_until(lambda: not lab.container.exists(orphan) or state_of(orphan.pid) == "Z", timeout=30,
+                   what="the orphan to end")
+        if reaped:
+            assert not lab.container.exists(orphan)
+        else:
+            assert state_of(orphan.pid) == "Z" and orphan in lab.container.zombies()

@@ -33,20 +33,9 @@ def lab(tmp_path) -> Iterator[ProxmoxLab]:
         yield running
 
 
-def write_inventory(lab: ProxmoxLab, path, host: str = HOSTNAME, **host_vars: Any) -> str:
+def write_inventory(lab: ProxmoxLab, path, host: str = HOSTNAME) -> str:
     """A YAML (here JSON) inventory whose host is the container, found afresh at every connection."""
-    init_pid = (
-        "{{ lookup('ansible.builtin.pipe', 'lxc-info -P " + lab.container.lxcpath + " -n "
-        + lab.container.name + " -pH') }}"
-    )
-    host_vars = {
-        "ansible_connection": "community.docker.nsenter",
-        "ansible_host": init_pid,
-        "ansible_nsenter_pid": init_pid,
-        "ansible_python_interpreter": "/usr/bin/python3",
-        **host_vars,
-    }
-    path.write_text(json.dumps({"all": {"hosts": {host: host_vars}}}), encoding="utf-8")
+    path.write_text(json.dumps({"all": {"hosts": {host: lab.container.nsenter_host_vars()}}}), encoding="utf-8")
     return str(path)
 
 
