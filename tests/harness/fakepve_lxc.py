@@ -439,6 +439,8 @@ class HookedFakePve(FakePve):
         super().__init__(*args, **kwargs)
         self.hooks: list[_Hook] = []
         self.dropped: list[tuple[str, str]] = []
+        # Every request that arrived, including those fakepve's network faults then drop unrecorded.
+        self.received: list[tuple[str, str]] = []
 
     def _build_app(self) -> web.Application:
         app = super()._build_app()
@@ -447,6 +449,7 @@ class HookedFakePve(FakePve):
 
     @web.middleware
     async def _hook_middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        self.received.append((request.method, request.path))
         hook = next(
             (h for h in self.hooks if h.times > 0 and h.method == request.method and request.path.endswith(h.suffix)),
             None,
@@ -529,6 +532,19 @@ class FakePveServer:
         """Run action(pve) just before the next `times` matching requests are handled."""
         self.call(self.pve.hooks.append, _Hook(method, suffix, times, before=action))
 
+    def flaky_network(self, drop_rate: float, seed: int) -> None:
+        """Drop (connection reset, unanswered, unrecorded) that share of requests, repeatably.
+
+        fakepve seeds its random source when it starts; seeding it again here makes the drops the
+        same on every run of a test.
+        """
+
+        def flaky() -> None:
+            self.pve.flaky_network(drop_rate=drop_rate, seed=seed)
+            self.pve._random.seed(seed)  # pylint: disable=protected-access
+
+        self.call(flaky)
+
     def expire_tickets(self) -> None:
         """Every ticket handed out so far is past its expiry (the next request with one gets 401)."""
         self.call(expire_tickets, self.pve)
@@ -548,6 +564,11 @@ class FakePveServer:
         """(method, path) of the requests the server saw, oldest first, optionally filtered."""
         seen = self.call(lambda: list(self.pve.requests))
         return [(m, p) for m, p, _body in seen if (method is None or m == method) and contains in p]
+
+    def received(self, method: str | None = None, contains: str = "") -> list[tuple[str, str]]:
+        """(method, path) of every request that arrived, those the fake's network faults dropped included."""
+        seen = self.call(lambda: list(self.pve.received))
+        return [(m, p) for m, p in seen if (method is None or m == method) and contains in p]
 
     def tasks(self, vmid: int | None = None, task_type: str | None = None) -> list[dict[str, Any]]:
         """The task records (copies), oldest first."""
