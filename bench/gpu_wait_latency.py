@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: how soon gpu_mem_wait notices a release, and what its polling costs.
 
 Runs the module's own wait (``wait_for_release`` with the NVML child session, the code path of
@@ -57,7 +56,7 @@ def latency_trials(trials: int, poll_interval: float) -> list[float]:
     try:
         with sim_gpu(devices=1) as gpu:
             os.environ["GPUOPS_SIMNVML_STATE"] = str(gpu.state_path)
-            for _ in range(trials):
+            for _trial in range(trials):
                 gpu.teardown_delay = rng.uniform(0.1, 1.1)
                 gpu.holders.clear()
                 holder = plain_holder(reaper, gpu, mib=40960)

@@ -287,11 +287,13 @@ class NvmlSession:
         self._end_child(grace=1.0)
 
     def _send(self, message: dict[str, Any]) -> None:
-        assert self._requests is not None
+        if self._requests is None:
+            raise OSError("no NVML query process")
         os.write(self._requests, (json.dumps(message) + "\n").encode())
 
     def _receive(self, doing: str) -> dict[str, Any]:
-        assert self._replies is not None
+        if self._replies is None:
+            raise GpuQueryError(NVML_ERROR, f"no NVML query process while {doing}")
         deadline = self.clock() + self.query_timeout
         while b"\n" not in self._buffer:
             remaining = deadline - self.clock()
@@ -300,8 +302,8 @@ class NvmlSession:
                 left = self._end_child(grace=0.5, kill=True)
                 where = f"; the query process {hung_pid} did not end after SIGKILL (it is stuck in the kernel)" if left else ""
                 raise GpuQueryError(HUNG, f"{doing} took longer than query_timeout={self.query_timeout:g}s{where}")
-            ready, _, _ = select.select([self._replies], [], [], remaining)
-            if not ready:
+            readable = select.select([self._replies], [], [], remaining)[0]
+            if not readable:
                 continue
             chunk = os.read(self._replies, 65536)
             if not chunk:
@@ -457,7 +459,7 @@ class NvidiaSmiSession:
         except OSError as exc:
             raise GpuQueryError(NVML_ERROR, f"{self.executable}: {exc.strerror}") from exc
         try:
-            output, _ = proc.communicate(timeout=max(0.0, deadline - self.clock()))
+            output = proc.communicate(timeout=max(0.0, deadline - self.clock()))[0]
         except subprocess.TimeoutExpired as exc:
             proc.kill()
             try:

@@ -26,7 +26,7 @@ description:
     without any NVIDIA GPU is not an error.
   - Never changes anything.
 author:
-  - gpuops.relaunch maintainers
+  - gpuops.relaunch maintainers (@gpuops)
 options:
   devices:
     description:
@@ -104,9 +104,10 @@ options:
     default: /proc
 attributes:
   check_mode:
+    description: The module only reads; in check mode it waits and reports exactly as otherwise.
     support: full
-    details: The module only reads; in check mode it waits and reports exactly as otherwise.
   diff_mode:
+    description: Has no diff to show.
     support: none
 notes:
   - Inside a container NVML lists the pids of the host's PID namespace. They do not exist in the

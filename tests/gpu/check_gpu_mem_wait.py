@@ -200,6 +200,7 @@ def check_plain(nvml: Nvml, python: str, library: str, device: int, mib: int) ->
         print(f"[plain] pid {proc.pid} holds {held - baseline:.0f} MiB on GPU {device} (baseline {baseline:.0f} MiB)")
         ceiling = baseline + 128
         result: dict = {}
+
         def playbook() -> None:
             result["run"] = run_playbook(wait_play(device, ceiling, timeout=120), timeout=240)
             result["returned"] = time.monotonic()

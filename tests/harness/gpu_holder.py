@@ -137,7 +137,7 @@ class SimGpu:
 def sim_gpu(devices: int = 1, **settings: Any) -> Iterator[SimGpu]:
     with tempfile.TemporaryDirectory(prefix="gpuops-simnvml-") as tmp:
         gpu = SimGpu(Path(tmp), **settings)
-        for _ in range(devices):
+        for _index in range(devices):
             gpu.add_device()
         gpu.save()
         yield gpu

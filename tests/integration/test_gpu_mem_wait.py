@@ -86,6 +86,7 @@ def test_release_after_a_real_holder_is_killed(reaper: Reaper, gpu: SimGpu) -> N
     holder = plain_holder(reaper, gpu, mib=8192, device=1)
     other = plain_holder(reaper, gpu, mib=1024, device=0)
     state = str(gpu.state_path)
+
     # Kill the holder only once the module is really polling (its NVML child has our state file).
     def kill_when_polling() -> None:
         wait_until(lambda: len(processes_with_env(state)) >= 2, timeout=120, what="gpu_mem_wait to poll")
@@ -255,7 +256,7 @@ def test_driver_errors_and_bad_options_fail_clearly(tmp_path: Path) -> None:
         "reset required": ("nvmlDeviceGetComputeRunningProcesses", "RESET_REQUIRED", "reset_required", "requires a reset"),
     }
     tasks = []
-    for name, (call, error, _, _) in faults.items():
+    for name, (call, error, _kind, _words) in faults.items():
         sim = SimGpu(tmp_path / name.replace(" ", "_"))
         sim.directory.mkdir()
         sim.add_device()
@@ -272,15 +273,15 @@ def test_driver_errors_and_bad_options_fail_clearly(tmp_path: Path) -> None:
         "bad percent": ({"max_used_percent": 150}, "max_used_percent: must be between 0 and 100"),
         "bad pid": ({"pids_gone": [-3]}, "pids_gone: process IDs must be positive"),
     }
-    for name, (args, _) in bad_options.items():
+    for name, (args, _words) in bad_options.items():
         tasks.append(wait_task({"timeout": 5, **args}, ok.env(), name))
     run = run_playbook(local_play(tasks), timeout=300)
-    for name, (_, _, kind, words) in faults.items():
+    for name, (_call, _error, kind, words) in faults.items():
         result = run.result(name)
         assert result["failed"] is True and result["error_kind"] == kind, (name, result)
         assert words in result["msg"], (name, result["msg"])
         assert "Traceback" not in result.get("module_stderr", "")
-    for name, (_, words) in bad_options.items():
+    for name, (_args, words) in bad_options.items():
         result = run.result(name)
         assert result["failed"] is True and words in result["msg"], (name, result)
 

@@ -109,9 +109,8 @@ class NVMLError(Exception):
     _valClassMapping: dict[int, type] = {}
 
     def __new__(cls, value):
-        if cls is NVMLError:
-            cls = NVMLError._valClassMapping.get(value, cls)
-        obj = Exception.__new__(cls)
+        error_class = NVMLError._valClassMapping.get(value, cls) if cls is NVMLError else cls
+        obj = Exception.__new__(error_class)
         obj.value = value
         return obj
 

@@ -185,7 +185,7 @@ def test_simulated_bindings_match_the_real_api_surface(real_bindings):
     for name in codes:
         code = getattr(real_bindings, name)
         assert getattr(sim, name) == code, name
-        assert type(sim.NVMLError(code)).__name__ == type(real_bindings.NVMLError(code)).__name__
+        assert sim.NVMLError(code).__class__.__name__ == real_bindings.NVMLError(code).__class__.__name__
     for code in (9, 12, 15, 16, 18):
         assert str(sim.NVMLError(code)) == str(real_bindings.NVMLError(code))
 
