@@ -506,12 +506,14 @@ def check_own_namespace(proc_root: str) -> None:
         )
 
 
-def snapshot_for_plan(proc_root: str, selector: JobSelector) -> ProcessTable:
-    """One scan, with the threads (state, wchan) of the job's processes loaded for the planner."""
+def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pattern[str], ...]) -> tuple[ProcessTable, Protection, set[int]]:
+    """One scan, its protection, and the job, with the threads (state, wchan) of the job loaded."""
     table = ProcessTable.scan(proc_root)
-    for pid in selector.select(table) if not selector.is_empty else ():
+    protection = Protection(table, protected)
+    job = selector.select(table, protection) if not selector.is_empty else set()
+    for pid in job:
         table.load_threads(pid)
-    return table
+    return table, protection, job
 
 
 def reap_job(
@@ -530,8 +532,7 @@ def reap_job(
     started = clock()
     patterns = tuple(protected)
     control = control or ProcessControl(proc_root)
-    table = snapshot_for_plan(proc_root, selector)
-    protection = Protection(table, patterns)
+    table, protection, _job = snapshot_for_plan(proc_root, selector, patterns)
     plan = plan_reap(table, selector, protection, options)
     plans = [plan]
     if check_mode or plan.is_empty:
@@ -539,12 +540,10 @@ def reap_job(
     outcome = Executor(plan, control, protection, options, clock, sleep).run()
     seen = {i.key for i in plan.job}
     for number in range(2, MAX_ROUNDS + 1):
-        table = snapshot_for_plan(proc_root, selector)
-        protection = Protection(table, patterns)
+        table, protection, job = snapshot_for_plan(proc_root, selector, patterns)
         newcomers = sorted(
-            pid for pid in (selector.select(table) if not selector.is_empty else ())
+            pid for pid in job
             if table.processes[pid].identity not in seen and not table.processes[pid].is_zombie
-            and protection.reason(pid) is None
         )
         if not newcomers:
             break

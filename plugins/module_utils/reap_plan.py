@@ -164,14 +164,11 @@ def plan_reap(
     """The ladder for the job in `table`. Reads only `table` (threads loaded by the caller)."""
     plan = ReapPlan()
     plan.missing_pids = sorted(pid for pid in selector.pids if pid not in table.processes)
-    selected = selector.select(table) if not selector.is_empty else set()
-    job: set[int] = set()
-    for pid in sorted(selected):
+    named = selector.named(table) if not selector.is_empty else set()
+    job = selector.select(table, protection, named) if named else set()
+    for pid in sorted(named - job):
         why = protection.reason(pid)
-        if why is None:
-            job.add(pid)
-        else:
-            plan.protected.append({"pid": pid, "comm": table.processes[pid].comm, "reason": f"selected as the job, but {why}"})
+        plan.protected.append({"pid": pid, "comm": table.processes[pid].comm, "reason": f"selected as the job, but {why}"})
     processes = table.processes
     plan.job = [Identity.of(processes[pid]) for pid in sorted(job)]
     plan.exited = {processes[pid].identity for pid in job if processes[pid].is_zombie and processes[pid].threads <= 1}
@@ -247,8 +244,9 @@ def _plan_parents(plan: ReapPlan, table: ProcessTable, protection: Protection, j
             )
             continue
         parent = table.processes.get(ppid)
-        if parent is None:
-            plan.notes.append(f"{children}: the parent {ppid} vanished during the scan; their new reaper takes them")
+        if parent is None or (parent.is_zombie and parent.threads <= 1):
+            # Seen only when the parent exited while the scan ran: its children go to their new reaper.
+            plan.notes.append(f"{children}: the parent {ppid} exited during the scan; their new reaper takes them")
             continue
         why = protection.reason(ppid)
         if why is not None:
