@@ -275,6 +275,8 @@ class NvmlSession:
         answer = self._receive("querying GPU memory")
         if "error" in answer:
             raise GpuQueryError(answer["error"], answer.get("detail", ""))
+        if indices is None and not answer["devices"]:
+            raise GpuQueryError(NO_DEVICES, "nvmlDeviceGetCount() is 0")
         return [_device_from_dict(d) for d in answer["devices"]]
 
     def close(self) -> None:

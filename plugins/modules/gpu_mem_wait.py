@@ -246,6 +246,14 @@ reasons:
   type: list
   elements: str
   sample: ["released"]
+error_kind:
+  description:
+    - Why a GPU query failed, when it did; C(not_installed), C(library_not_found), C(driver_not_loaded),
+      C(no_devices), C(version_mismatch), C(gpu_lost), C(reset_required), C(no_permission), C(hung) or
+      C(nvml_error).
+  returned: when a GPU query failed
+  type: str
+  sample: driver_not_loaded
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -350,9 +358,10 @@ def _bad_option(params: dict) -> str | None:
 
 
 def _timeout_message(result: dict, timeout: float) -> str:
-    what = "; ".join(result["reasons"]) or "; ".join(result["unmet"])
-    return (f"not released after {timeout:g}s ({result['verdict']}): {'; '.join(result['unmet'])}. {what}"
-            if result["holders"] else f"not released after {timeout:g}s ({result['verdict']}): {what}")
+    """What is still unmet, then why (the reasons that do not merely repeat it)."""
+    why = [reason for reason in result["reasons"] if reason not in result["unmet"]]
+    text = f"not released after {timeout:g}s ({result['verdict']}): {'; '.join(result['unmet'])}"
+    return f"{text}. {'; '.join(why)}" if why else text
 
 
 if __name__ == "__main__":

@@ -226,7 +226,11 @@ def test_nvidia_smi_fallback_when_bindings_are_missing(reaper: Reaper, gpu: SimG
 
 def test_no_gpu_at_all(tmp_path: Path) -> None:
     bare = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    empty = SimGpu(tmp_path)  # a loaded driver that sees no GPU
+    empty.save()
     run = run_playbook(local_play([
+        wait_task({"timeout": 5}, empty.env(), "driver without GPUs"),
+        wait_task({"timeout": 5, "gpus_required": False}, empty.env(), "driver without GPUs optional"),
         wait_task({"gpus_required": False, "timeout": 5}, bare, "optional"),
         wait_task({"timeout": 5}, bare, "required"),
         # The real nvidia-ml-py bindings (installed in the test venv) on a machine without a driver.
@@ -244,6 +248,9 @@ def test_no_gpu_at_all(tmp_path: Path) -> None:
     real = run.result("real bindings")
     assert real["failed"] is True and real["error_kind"] == "library_not_found", real
     assert "libnvidia-ml.so.1" in real["msg"]
+    no_devices = run.result("driver without GPUs")
+    assert no_devices["failed"] is True and no_devices["error_kind"] == "no_devices", no_devices
+    assert not run.result("driver without GPUs optional").get("failed")
     real_optional = run.result("real bindings optional")
     assert not real_optional.get("failed") and real_optional["gpu_present"] is False, real_optional
 

@@ -212,3 +212,15 @@ def test_module_constants_are_the_nvml_codes(real_bindings):
     assert nvml_query.kind_of_code(real_bindings.NVML_ERROR_LIB_RM_VERSION_MISMATCH) == "version_mismatch"
     assert nvml_query.kind_of_code(real_bindings.NVML_ERROR_DRIVER_NOT_LOADED) == "driver_not_loaded"
     assert nvml_query.kind_of_code(real_bindings.NVML_ERROR_LIBRARY_NOT_FOUND) == "library_not_found"
+
+
+def test_a_driver_without_gpus_is_no_devices(simulated_bindings):
+    simulated_bindings.devices.clear()
+    simulated_bindings.save()
+    session = NvmlSession(query_timeout=10)
+    try:
+        with pytest.raises(GpuQueryError) as caught:
+            session.query()
+    finally:
+        session.close()
+    assert caught.value.kind == "no_devices" and caught.value.means_no_gpu
