@@ -106,7 +106,7 @@ attributes:
     support: none
 notes:
   - C(changed) is true only when a signal was sent and a process of the job (or a parent ended
-    under I(reap_parents)) went away: exited, or was reaped.
+    under I(reap_parents)) went away (exited, or was reaped).
   - A job whose selection matches nothing returns C(changed=false) with a message, so a second run
     is a no-op. I(match) and I(pids) must not both be empty.
   - I(proc_root) must be the process table of the PID namespace the module runs in, except in check
@@ -184,7 +184,7 @@ missing_pids:
 actions:
   description:
     - The signals actually tried (none in check mode), with C(result) C(sent), C(gone) (it had
-      exited), C(recycled) (its pid now belongs to another process: not signalled), C(denied) or
+      exited), C(recycled) (its pid now belongs to another process, which is not signalled), C(denied) or
       C(refused), and C(elapsed) seconds since the ladder started.
   returned: always
   type: list
