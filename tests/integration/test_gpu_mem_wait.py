@@ -341,3 +341,48 @@ def test_gpu_drain_role_says_when_only_a_reboot_helps(reaper: Reaper, gpu: SimGp
         held = run.tasks["gpuops.relaunch.gpu_drain : Wait until the GPUs are released"][1]
         assert held["verdict"] == "held" and held["needs_reboot"] is False
         assert run.rc != 0
+
+
+def test_query_stuck_in_the_kernel_is_left_behind_and_named(reaper: Reaper, gpu: SimGpu) -> None:
+    """A query process that even SIGKILL cannot end (here: frozen by the cgroup freezer, in D)."""
+    gpu.fault("nvmlDeviceGetMemoryInfo", hang=True)
+    state = str(gpu.state_path)
+    frozen: list[int] = []
+
+    def freeze_the_query_process() -> None:
+        def query_process() -> int | None:
+            pids = set(processes_with_env(state))
+            for pid in pids:
+                parent = _ppid(pid)
+                if parent in pids and _cmdline(pid) == _cmdline(parent) and b"AnsiballZ" in _cmdline(pid):
+                    return pid
+            return None
+        wait_until(lambda: query_process() is not None, timeout=120, what="the NVML query process")
+        pid = query_process()
+        reaper.frozen(pid)
+        frozen.append(pid)
+
+    freezer = threading.Thread(target=freeze_the_query_process)
+    freezer.start()
+    result = run_wait({"timeout": 60, "query_timeout": 8}, gpu.env())
+    freezer.join()
+    [stuck] = frozen
+    assert result["failed"] is True and result["error_kind"] == "hung", result
+    assert f"the query process {stuck} did not end after SIGKILL" in result["msg"]
+    # The play came back although the stuck process still exists (it holds none of the module's pipes).
+    assert state_of(stuck) == "D"
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def _cmdline(pid: int | None) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
