@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A stand-in training job for the demo and the tests.
@@ -68,7 +67,7 @@ def main(argv: list[str]) -> int:
     say(f"demo_train pid {os.getpid()} pgid {os.getpgrp()} starting")
     for number in range(args.lines):
         say(f"setup {number + 1}/{args.lines}")
-    for _ in range(args.workers):
+    for _worker in range(args.workers):
         start_orphaned_worker(args.worker_seconds, args.worker_setsid, args.pid_file)
     step = 0
     next_step = started + args.ready_after

@@ -316,7 +316,8 @@ class LaunchController:
     def _started(self, status, recorded: Backend, active: bool) -> dict[str, Any]:
         options = self.options
         spec = options.spec
-        assert spec is not None  # options_from_params requires it for these states
+        if spec is None:  # options_from_params requires a command for these states
+            raise LaunchError("command: required with state=" + options.state, self.result)
         backend_name = resolve_backend(options.backend)
         result = self.result
         same = status.spec_hash == spec.spec_hash and status.backend == backend_name
@@ -407,4 +408,3 @@ class LaunchController:
                 os.fchown(fd, uid, gid)
         finally:
             os.close(fd)
-

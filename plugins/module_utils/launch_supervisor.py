@@ -154,7 +154,7 @@ class Supervisor:
     def run(self) -> int:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            print("gpuops supervisor: PR_SET_CHILD_SUBREAPER failed: errno %d" % ctypes.get_errno(), file=sys.stderr)
+            sys.stderr.write("gpuops supervisor: PR_SET_CHILD_SUBREAPER failed: errno %d\n" % ctypes.get_errno())
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.forward)
         # A handler, not SIG_IGN: exec resets handlers to default but would keep an ignore for the job.
@@ -209,7 +209,7 @@ def main(argv: list) -> int:
     if len(argv) >= 3 and argv[0] == "record-exit":
         record_systemd_exit(argv[1], argv[2], dict(os.environ))
         return 0
-    print("usage: supervisor.py run JOB_DIR | record-exit JOB_DIR RUN_ID", file=sys.stderr)
+    sys.stderr.write("usage: supervisor.py run JOB_DIR | record-exit JOB_DIR RUN_ID\n")
     return 2
 
 
@@ -277,4 +277,4 @@ def spawn_detached(argv: list, log_path: str, log_mode: int = 0o640) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

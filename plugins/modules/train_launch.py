@@ -40,7 +40,7 @@ description:
   - The job does not inherit the environment of the Ansible connection. It gets C(PATH), C(HOME),
     C(USER), C(LOGNAME), C(LANG=C.UTF-8) and what I(env) sets.
 author:
-  - gpuops.relaunch maintainers
+  - gpuops.relaunch maintainers (@gpuops)
 options:
   name:
     description:
@@ -96,8 +96,8 @@ options:
     default: 5
   state_dir:
     description:
-      - Absolute path of the directory that holds one state directory per job (mode 0700, files 0600):
-        what was launched, what runs, and how the last run ended.
+      - Absolute path of the directory that holds one state directory per job (mode 0700, files 0600)
+        with what was launched, what runs, and how the last run ended.
     type: path
     default: /var/lib/gpuops
   backend:
@@ -153,6 +153,7 @@ attributes:
     description: Says what it would do (start, restart, stop, rotate the log, remove paths) and changes nothing.
   diff_mode:
     support: none
+    description: Reports no diff; the result says what was started, stopped, rotated and removed.
 """
 
 EXAMPLES = r"""
@@ -249,7 +250,9 @@ pgid:
   type: int
   sample: 4242
 starttime:
-  description: Start time of the main process in clock ticks since boot (C(/proc/PID/stat) field 22); with RV(pid) it identifies the process even if the pid is reused.
+  description:
+    - Start time of the main process in clock ticks since boot (C(/proc/PID/stat) field 22).
+    - With RV(pid) it identifies the process even if the pid is reused.
   returned: when the job was ever started
   type: int
   sample: 1234567

@@ -49,6 +49,11 @@ def launch(name: str = "job", task: str = "launch", **options):
     return {"name": task, "gpuops.relaunch.train_launch": args}
 
 
+def stop_task(name: str, **options):
+    return {"name": "stop", "gpuops.relaunch.train_launch": dict(
+        {"name": name, "state": "stopped", "state_dir": STATE_DIR}, **options)}
+
+
 def show(ct, unit: str, *props: str) -> dict[str, str]:
     out = ct.run_inside(["systemctl", "show", unit, "-p", ",".join(props)]).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -78,8 +83,7 @@ def test_systemd_backend_lifecycle(container, tmp_path: Path) -> None:
     assert restarted["rotated_log"] == LOG + ".1"
     assert f"demo_train pid {started['pid']} " in ct.path(LOG + ".1").read_text()
 
-    stop = {"name": "stop", "gpuops.relaunch.train_launch": {"name": "job", "state": "stopped",
-                                                              "state_dir": STATE_DIR}}
+    stop = stop_task("job")
     stopped = play(ct, tmp_path, [stop]).result("stop")
     assert stopped["changed"] is True and stopped["running"] is False
     assert stopped["exit_code"] == 0 and stopped["ended_at"]
@@ -106,8 +110,7 @@ def test_systemd_sigkill_when_term_is_ignored(container, tmp_path: Path) -> None
     start = launch(name="stubborn", command=["/usr/bin/python3", JOB_DEMO, "--ignore-term"],
                    log_path="/var/log/stubborn.log", stop_timeout=1)
     assert play(container, tmp_path, [start]).result("launch")["backend"] == "systemd"
-    stop = {"name": "stop", "gpuops.relaunch.train_launch": {"name": "stubborn", "state": "stopped",
-                                                              "state_dir": STATE_DIR, "stop_timeout": 1}}
+    stop = stop_task("stubborn", stop_timeout=1)
     stopped = play(container, tmp_path, [stop]).result("stop")
     assert stopped["changed"] is True and stopped["exit_signal"] == "SIGKILL"
     assert stopped["stop"]["escalated"] is True

@@ -63,7 +63,7 @@ def test_supervisor_reaps_orphans_forwards_sigterm_and_records_the_exit(job_dir,
     supervisor = launch(job_dir, [sys.executable, DEMO, "--workers", "2", "--worker-seconds", "0.5",
                                   "--pid-file", str(pids)], log)
     try:
-        wait_for(lambda: (job_dir / "run.json").exists())
+        wait_for((job_dir / "run.json").exists)
         run = read_json(str(job_dir / "run.json"))
         assert run["supervisor_pid"] == supervisor.pid and run["pgid"] == run["pid"] and run["run_id"] == "r1"
         assert os.getpgid(run["pid"]) == run["pid"]  # the job leads a group of its own
