@@ -170,7 +170,8 @@ actions:
   sample: ["shutdown(forceStop=1, timeout=60)", "start"]
 tasks:
   description:
-    - The PVE tasks that ran, in order. On failure also returned, with the failed task last.
+    - The PVE tasks that ran, in order. Also returned on failure, with the failed task last (empty
+      when the module failed before starting one).
   returned: always
   type: list
   elements: dict
