@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Pattern
 
 PF_KTHREAD = 0x00200000
-KTHREADD_PID = 2
 _READ_SIZE = 4096
 
 
@@ -273,7 +272,8 @@ def _read_process(proc_root: str, pid: int) -> Process | None:
     fields = parse_stat(raw)
     if fields is None:
         return None
-    is_kernel_thread = bool(fields.flags & PF_KTHREAD) or fields.ppid == KTHREADD_PID or pid == KTHREADD_PID
+    # The flag alone: inside a PID namespace, pid 2 and its children are ordinary processes.
+    is_kernel_thread = bool(fields.flags & PF_KTHREAD)
     process = Process(
         pid=pid,
         starttime=fields.starttime,
