@@ -78,7 +78,8 @@ options:
     default: {}
   user:
     description:
-      - Run the job as this user (with its primary group and supplementary groups). Needs root.
+      - Run the job as this user (with its primary group and supplementary groups). Needs root, and
+        Python 3.9 or later on the target.
     type: str
   group:
     description:

@@ -79,7 +79,7 @@ class Target:
             self.started_runs.append(dict(result))
 
     def processes(self) -> dict[int, Proc]:
-        argv = ["ps", "-eo", "pid=,ppid=,pgid=,stat=,args="]
+        argv = ["ps", "-ww", "-eo", "pid=,ppid=,pgid=,stat=,args="]
         if self.namespace is not None:
             out = self.namespace.run_inside(argv).stdout
         else:

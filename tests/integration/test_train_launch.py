@@ -91,6 +91,12 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
         assert zombies == [], zombies
     table = target.processes()
     assert run["pid"] in table and not table[run["pid"]].zombie, "the job died with its launcher"
+    # The supervisor runs its private copy (Ansible's temporary files are long gone), in a session
+    # of its own, with stdin from /dev/null, stdout and stderr to the log, and no other fd open.
+    assert table[run["supervisor_pid"]].args.endswith(f"{target.state_dir}/job/supervisor.py run {target.state_dir}/job")
+    supervisor_fds = Path(f"/proc/{target.host_pid(run['supervisor_pid'])}/fd")
+    fds = {int(fd.name): os.readlink(fd) for fd in supervisor_fds.iterdir()}
+    assert fds == {0: "/dev/null", 1: target.log(), 2: target.log()}
 
     # Same spec again: nothing to do (and the play returns while the job keeps printing).
     again = target.play([start])
@@ -161,6 +167,19 @@ def test_start_fails_at_deadline_without_ready_line(local: Target) -> None:
     # The job that never proved itself is not left running (a re-run must not call it started).
     assert result["stopped_after_failure"] is True and result["running"] is False
     assert result["pid"] not in local.processes()
+
+
+def test_runs_as_the_requested_user(local: Target) -> None:
+    started = local.play([local.launch_task(user="nobody", group="nogroup")]).result("launch")
+    assert started["changed"] is True
+    status = Path(f"/proc/{started['pid']}/status").read_text()
+    uid = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+    gid = next(line.split()[1:] for line in status.splitlines() if line.startswith("Gid:"))
+    assert set(uid) == {"65534"} and set(gid) == {"65534"}
+    assert Path(local.log()).stat().st_uid == 65534  # the log belongs to the job's user
+    stop = {"name": "stop", "gpuops.relaunch.train_launch": {
+        "name": "job", "state": "stopped", "state_dir": local.state_dir}}
+    assert local.play([stop]).result("stop")["changed"] is True
 
 
 def test_missing_program_fails_with_start_error(local: Target) -> None:
