@@ -1,0 +1,89 @@
+"""The process_cleanup role (zombie_facts -> zombie_reap -> zombie_facts) through ansible-playbook:
+its facts are what a playbook decides a container reset on."""
+
+from __future__ import annotations
+
+import uuid
+
+from tests.harness.pidns import pid_namespace, process_starttime
+from tests.harness.playbook import run_playbook
+from tests.harness.procstates import PYTHON, STALE_JOB, Reaper, state_of
+from tests.integration.test_zombie_reap import identities, supervised, tree
+
+REAP_TASK = "gpuops.relaunch.process_cleanup : End the job and clear its zombies with the least force that works"
+FACTS = [
+    "process_cleanup_verdict_before", "process_cleanup_verdict", "process_cleanup_escalation",
+    "process_cleanup_needs_reboot", "process_cleanup_needs_host_action", "process_cleanup_reasons",
+    "process_cleanup_ended", "process_cleanup_remaining",
+]
+
+
+def role_play(match: str, hosts: str = "all") -> list[dict]:
+    return [{
+        "name": "process cleanup", "hosts": hosts, "gather_facts": False,
+        "tasks": [
+            {"name": "Clean up", "ansible.builtin.include_role": {"name": "gpuops.relaunch.process_cleanup"},
+             "vars": {"process_cleanup_match": [match], "process_cleanup_term_timeout": 3,
+                      "process_cleanup_reap_timeout": 3, "process_cleanup_orphan_grace": 2}},
+            {"name": "Show", "ansible.builtin.debug": {"msg": {fact: "{{ %s }}" % fact for fact in FACTS}}},
+        ],
+    }]
+
+
+def facts(run) -> dict:
+    assert run.rc == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return run.result("Show")["msg"]
+
+
+def test_role_on_localhost_check_mode_then_for_real(tmp_path):
+    inventory = tmp_path / "inventory"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n", encoding="utf-8")
+    reaper = Reaper()
+    try:
+        tag = f"/tmp/gpuops-role-{uuid.uuid4().hex[:8]}/run/train.py"
+        job = reaper.start(STALE_JOB, runner=supervised(tag))
+        parent, orphan = int(job["parent"]), int(job["orphan"])
+        before = identities(tree(parent) + tree(orphan))
+        match = tag.replace(".", r"\.") + r"\b"
+
+        checked = run_playbook(role_play(match), inventory=str(inventory), check=True)
+        seen = facts(checked)
+        assert seen["process_cleanup_verdict_before"] == "reapable"
+        assert seen["process_cleanup_verdict"] == "reapable"  # nothing was done
+        assert seen["process_cleanup_escalation"] == "none"
+        plan = checked.result(REAP_TASK)
+        assert plan["actions"] == [] and {s["pid"] for s in plan["plan"]} >= set(before) - {int(job["zombie"])}
+        assert all(process_starttime(pid) == st for pid, st in before.items())
+
+        done = facts(run_playbook(role_play(match), inventory=str(inventory)))
+        assert done["process_cleanup_verdict_before"] == "reapable"
+        assert done["process_cleanup_verdict"] == "clean", done["process_cleanup_reasons"]
+        assert done["process_cleanup_escalation"] == "none"
+        assert done["process_cleanup_needs_reboot"] is False and done["process_cleanup_needs_host_action"] is False
+        assert {e["pid"] for e in done["process_cleanup_ended"]} == set(before)
+        assert all(process_starttime(pid) != st for pid, st in before.items())
+
+        again = run_playbook(role_play(match), inventory=str(inventory))
+        assert facts(again)["process_cleanup_verdict_before"] == "clean"
+        assert again.result(REAP_TASK).get("skipped") is True
+    finally:
+        reaper.cleanup()
+
+
+def test_role_inside_a_non_reaping_container_asks_for_a_reboot(tmp_path):
+    reaper = Reaper()
+    with pid_namespace() as namespace:
+        try:
+            tag = f"/tmp/gpuops-role-{uuid.uuid4().hex[:8]}/run/train.py"
+            runner = ["nsenter", f"--target={namespace.init_pid}", "--pid", "--mount", "--"]
+            job = reaper.start(STALE_JOB, tag, runner=runner)
+            inventory = namespace.write_inventory(tmp_path / "inventory")
+            done = facts(run_playbook(role_play(tag.replace(".", r"\.") + r"\b"), inventory=inventory))
+            assert done["process_cleanup_escalation"] == "container_reboot"
+            assert done["process_cleanup_needs_reboot"] is True
+            assert done["process_cleanup_verdict"] == "needs_reboot"
+            assert {e["state"] for e in done["process_cleanup_remaining"]} == {"Z"}
+            assert int(job["orphan"]) in {e["pid"] for e in done["process_cleanup_remaining"]}
+            assert state_of(namespace.init_pid) == "S"
+        finally:
+            reaper.cleanup()
