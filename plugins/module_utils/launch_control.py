@@ -32,7 +32,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_records imp
     new_run_id,
     process_alive,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_spec import LaunchOptions
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_spec import DEFAULT_PATH, LaunchOptions
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import (
     install_supervisor,
     process_starttime,
@@ -110,7 +110,9 @@ class SupervisorBackend:
     def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
         script = install_supervisor(self.records.job_dir)
         self.records.write_launch(launch)
-        spawn_detached([self.python, script, "run", self.records.job_dir], launch["log_path"], LOG_MODE)
+        # -I and a minimal environment: nothing of the Ansible connection's Python set-up carries over.
+        spawn_detached([self.python, "-I", script, "run", self.records.job_dir], launch["log_path"], LOG_MODE,
+                       env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
 
     def run_record(self, run_id: str) -> dict | None:
         run = self.records.read_run()
@@ -147,7 +149,7 @@ class SystemdBackend:
             user=launch["user"],
             group=launch["group"],
             stop_timeout=options.stop_timeout,
-            record_exit=[self.python, script, "record-exit", self.records.job_dir, launch["run_id"]],
+            record_exit=[self.python, "-I", script, "record-exit", self.records.job_dir, launch["run_id"]],
             description=f"gpuops.relaunch job {options.name} (spec {launch['spec_hash'][:12]})",
         )
         systemd.start_unit(cmd)

@@ -243,7 +243,7 @@ def install_supervisor(job_dir: str) -> str:
     return path
 
 
-def spawn_detached(argv: list, log_path: str, log_mode: int = 0o640) -> None:
+def spawn_detached(argv: list, log_path: str, log_mode: int = 0o640, env: dict | None = None) -> None:
     """Start `argv` fully detached: double fork, setsid, stdio to the log, every other fd closed.
 
     Returns once the intermediate child has exited (it is reaped here, so it leaves no zombie);
@@ -265,7 +265,7 @@ def spawn_detached(argv: list, log_path: str, log_mode: int = 0o640) -> None:
                     os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
                     os.chdir("/")
                     os.umask(0o077)
-                    os.execv(argv[0], argv)
+                    os.execve(argv[0], argv, dict(os.environ) if env is None else env)
                 status = 0
             finally:
                 os._exit(status)  # pylint: disable=protected-access
