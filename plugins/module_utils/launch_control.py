@@ -255,7 +255,8 @@ class LaunchController:
     def apply(self) -> dict[str, Any]:
         if not self.check_mode:
             self.records.ensure_dir()
-            self.records.lock()
+            # Long enough for another task to stop the job and prove a new start.
+            self.records.lock(self.options.stop_timeout + KILL_WAIT + self.options.startup_timeout + 60)
         status = self.records.status()
         recorded = make_backend(status.backend or "supervisor", self.records, self.options.name, self.python)
         active = status.run is not None and recorded.active(status.run)

@@ -20,6 +20,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import (
     EXIT_FILE,
     LAUNCH_FILE,
@@ -82,10 +83,20 @@ class JobRecords:
         os.makedirs(self.job_dir, mode=STATE_DIR_MODE, exist_ok=True)
         os.chmod(self.job_dir, STATE_DIR_MODE)
 
-    def lock(self) -> None:
+    def lock(self, timeout: float) -> None:
         """Serialise train_launch tasks on the same job (released when the module exits)."""
         self._lock_fd = os.open(self.path(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+
+        def acquired() -> bool:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        if not Deadline(timeout).poll(acquired, 0.2):
+            raise OSError(f"another train_launch task still works on this job after {timeout:g}s "
+                          f"(it holds {self.path('.lock')})")
 
     def read_run(self) -> dict | None:
         return read_json(self.path(RUN_FILE))

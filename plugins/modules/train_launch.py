@@ -147,7 +147,8 @@ options:
 notes:
   - Where PID 1 of a container never reaps, the supervisor itself (once it has exited after the job's
     tree) stays a zombie there, holding only a PID slot; the job's own processes never do.
-  - A second task on the same job waits for the first (a lock in the job's state directory).
+  - A second task on the same job waits for the first (a lock in the job's state directory), at most
+    I(stop_timeout) + I(startup_timeout) + 90 seconds.
 attributes:
   check_mode:
     support: full
@@ -231,7 +232,7 @@ log_path:
   sample: /workspace/train.log
 log_tail:
   description: The last I(log_tail_lines) lines of the log.
-  returned: when the module ran (not in check mode)
+  returned: always, except in check mode when something would change
   type: list
   elements: str
   sample: ["loading data", "step 1 loss=2.31"]
