@@ -42,7 +42,7 @@ $(COLL_LINK):
 	ln -sfn $(CURDIR) $@
 
 demo: setup
-	$(BIN)/ansible-playbook playbooks/demo.yml
+	$(BIN)/ansible-playbook -i playbooks/inventory/demo.yml playbooks/demo.yml
 
 pytest: setup
 	@# Exit code 5 means "no tests collected": that is a failure here, never a pass.
