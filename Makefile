@@ -66,6 +66,7 @@ test: pytest sanity lint
 
 bench: setup
 	$(PY) bench/scan_vs_ps.py
+	$(PY) bench/gpu_wait_latency.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)

@@ -1,0 +1,124 @@
+"""playbooks/relaunch.yml on localhost, for real: a dead run is cleared and the job relaunched.
+
+The job's script is copied to this test's own directory, so the job selector (its path) matches
+this test's processes only, never a `make demo` running on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.playbook import REPO, run_playbook
+from tests.harness.procstates import state_of, wait_until
+
+PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
+SUMMARY = "Summarize"
+
+
+@pytest.fixture(name="site")
+def site_fixture(tmp_path):
+    """A job of this test's own: script, log, state dir, and an inventory naming them."""
+    files = tmp_path / "files"
+    files.mkdir()
+    script = files / "demo_train.py"
+    shutil.copy(REPO / "playbooks" / "files" / "demo_train.py", script)
+    shutil.copy(REPO / "playbooks" / "files" / "demo_stale_run.py", files / "demo_stale_run.py")
+    host_vars = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "job_launch_name": f"relaunch-test-{os.getpid()}",
+        "job_launch_command": [sys.executable, str(script), "--workers", "1"],
+        "job_launch_log_path": str(tmp_path / "logs" / "train.log"),
+        "job_launch_state_dir": str(tmp_path / "state"),
+        "job_launch_ready_regex": "^step 1 ",
+        "job_launch_min_uptime": 1,
+        "job_launch_startup_timeout": 60,
+        "job_launch_stop_timeout": 10,
+        "process_cleanup_match": [f"{script}\\b".replace(".", "\\.")],
+        "process_cleanup_term_timeout": 5,
+        "gpu_drain_gpus_required": False,
+        "gpu_drain_timeout": 20,
+        "container_reset_allowed": False,
+    }
+    (tmp_path / "logs").mkdir()
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {"localhost": host_vars}}}), encoding="utf-8")
+    yield {"dir": tmp_path, "script": script, "inventory": str(inventory), "vars": host_vars}
+    # Whatever the test left running: stop the job through the module, by its recorded state.
+    run_playbook([{
+        "name": "stop", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "Stop", "gpuops.relaunch.train_launch": {
+            "name": host_vars["job_launch_name"], "state": "stopped", "state_dir": host_vars["job_launch_state_dir"]}}],
+    }], inventory=str(inventory))
+
+
+def stale_run(site) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(site["script"].parent / "demo_stale_run.py"), str(site["script"])],
+        capture_output=True, text=True, check=True, timeout=30,
+    )
+    return json.loads(out.stdout)
+
+
+def summary(run) -> dict:
+    assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    return run.result(SUMMARY)["msg"]
+
+
+def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
+    stale = stale_run(site)
+    assert state_of(stale["zombie_leader"]) == "Z"
+
+    first = summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))
+
+    assert first["relaunched"] is True
+    assert first["found"] == "reapable"
+    assert {stale["main"], stale["zombie"], stale["zombie_leader"]} <= set(first["ended"])
+    for pid in stale.values():
+        wait_until(lambda p=pid: state_of(p) is None, what=f"stale pid {pid} to be gone")
+    job = first["job"]
+    assert job["ready_line"].startswith("step 1 ")
+    assert state_of(int(job["pid"])) in ("S", "R")
+    assert Path(job["log_path"]).read_text(encoding="utf-8").count("step 1 ") == 1
+    assert set(first["seconds"]) == {"stop", "cleanup", "drain", "launch"}
+
+    # A second run with nothing to do changes nothing.
+    again = run_playbook(PLAYBOOK, inventory=site["inventory"])
+    second = summary(again)
+    assert second["relaunched"] is False
+    assert int(second["job"]["pid"]) == int(job["pid"])
+    changed = [name for name, hosts in again.tasks.items() if any(h.get("changed") for h in hosts)]
+    assert changed == []
+
+
+def test_check_mode_changes_nothing(site):
+    stale = stale_run(site)
+    run = run_playbook(PLAYBOOK, inventory=site["inventory"], check=True)
+    result = summary(run)
+    assert result["relaunched"] is True  # it says what it would do
+    for pid in stale.values():
+        assert state_of(pid) is not None  # nothing was signalled
+    assert not Path(site["vars"]["job_launch_state_dir"]).exists() or not any(
+        Path(site["vars"]["job_launch_state_dir"]).iterdir())
+    assert not Path(site["vars"]["job_launch_log_path"]).exists()
+    # Now for real, so the fixture's clean-up finds no stale run of this test left over.
+    summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))
+    for pid in stale.values():
+        wait_until(lambda p=pid: state_of(p) is None, what=f"stale pid {pid} to be gone")
+
+
+def test_relaunch_force_restarts_a_healthy_job(site):
+    first = summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))
+    forced = summary(run_playbook(PLAYBOOK, inventory=site["inventory"], extra_vars={"relaunch_force": True}))
+    assert forced["relaunched"] is True
+    assert int(forced["job"]["pid"]) != int(first["job"]["pid"])
+    assert state_of(int(first["job"]["pid"])) is None
+    rotated = list(Path(site["vars"]["job_launch_log_path"]).parent.glob("train.log.*"))
+    assert rotated, "the first run's log was kept"
