@@ -426,7 +426,8 @@ class Executor:
         process = self._now(identity)
         ppid = process.ppid if process is not None else 0
         if ppid in (0, NAMESPACE_INIT_PID):
-            self._remaining(identity, "Z", f"orphaned to {'PID 1' if ppid else 'a parent outside this namespace'}, not reaped within {self.options.reap_timeout:g}s")
+            reaper = "PID 1" if ppid else "a parent outside this namespace"
+            self._remaining(identity, "Z", f"orphaned to {reaper}, not reaped within {self.options.reap_timeout:g}s")
             return True
         parent = self.control.look(ppid)
         parent_name = f"{ppid} ({parent.comm})" if parent is not None else str(ppid)

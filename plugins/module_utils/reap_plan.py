@@ -27,6 +27,7 @@ records who is left to reap instead, and the executor turns what stays into an e
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,7 +72,7 @@ def parse_term_signal(name: str, option: str = "term_signal") -> signal.Signals:
 
 def check_timeout(value: float, option: str) -> float:
     """`value` seconds if it is a sensible deadline; ValueError naming `option` otherwise."""
-    if value != value or not 0 <= value <= MAX_TIMEOUT:  # value != value: NaN
+    if math.isnan(value) or not 0 <= value <= MAX_TIMEOUT:
         raise ValueError(f"{option}: must be between 0 and {MAX_TIMEOUT:g} seconds, got {value}")
     return float(value)
 

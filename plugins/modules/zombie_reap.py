@@ -47,7 +47,7 @@ description:
   - Processes the job forks while it is being ended are found by a fresh look afterwards and get the
     same ladder (at most three rounds).
 author:
-  - gpuops.relaunch maintainers
+  - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.job_selection
 options:
@@ -100,9 +100,10 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Computes and returns the full plan; no signal is sent. C(changed) says whether the plan would signal anything.
     support: full
-    details: Computes and returns the full plan; no signal is sent. C(changed) says whether the plan would signal anything.
   diff_mode:
+    description: Has no diff to show.
     support: none
 notes:
   - C(changed) is true only when a signal was sent and a process of the job (or a parent ended

@@ -123,7 +123,7 @@ def localhost_run_fixture(local_inventory):
         s.parent, s.zombie, s.orphan = int(fields["parent"]), int(fields["zombie"]), int(fields["orphan"])
         s.job = identities(tree(s.parent) + tree(s.orphan))
         wait_until(lambda: any("--shared" in cmdline(c) for c in children(s.supervisor)), what="the shared-group decoy")
-        s.shared_decoy = next(c for c in children(s.supervisor) if "--shared" in cmdline(c))
+        s.shared_decoy = [c for c in children(s.supervisor) if "--shared" in cmdline(c)][0]
         lookalikes = [reaper.start(SLEEPER, f"{base}/run/train_eval.py"), reaper.start(SLEEPER, f"{base}/other/train.py")]
         s.decoys = identities([s.shared_decoy] + [int(f["pid"]) for f in lookalikes])
         assert os.getpgid(s.shared_decoy) == os.getpgid(s.parent) == s.supervisor
@@ -254,9 +254,8 @@ def test_frozen_task_escalates_to_host_action_naming_its_wchan(reaper, local_inv
     pid = int(fields["pid"])
     group = reaper.frozen(pid)
     wait_until(lambda: state_of(pid) == "D", what="the frozen task to be in D")
-    run = run_playbook(play([reap_task("frozen", {"match": [tag.replace(".", r"\.")], "term_timeout": 1,
-                                                   "kill_timeout": 1, "d_state_timeout": 2})]),
-                       inventory=local_inventory)
+    args = {"match": [tag.replace(".", r"\.")], "term_timeout": 1, "kill_timeout": 1, "d_state_timeout": 2}
+    run = run_playbook(play([reap_task("frozen", args)]), inventory=local_inventory)
     assert run.rc == 0, run.stdout[-3000:] + run.stderr[-3000:]
     res = run.result("frozen")
     wchan = Path(f"/proc/{pid}/wchan").read_text(encoding="utf-8").strip()
@@ -290,7 +289,7 @@ def test_bad_input_fails_clearly_and_signals_nothing(reaper, local_inventory):
     canary = int(reaper.start(SLEEPER, tag)["pid"])
     canary_id = identities([canary])
     match = [tag.replace(".", r"\.")]
-    tasks = [reap_task(name, dict({"match": match}, **args), ignore_errors=True) for name, args, _ in BAD_INPUT]
+    tasks = [reap_task(name, dict({"match": match}, **args), ignore_errors=True) for name, args, _message in BAD_INPUT]
     tasks.append(reap_task("pids that do not exist", {"pids": [2**22 + 17, 2**22 + 19]}))
     run = run_playbook(play(tasks), inventory=local_inventory)
     for name, _args, message in BAD_INPUT:

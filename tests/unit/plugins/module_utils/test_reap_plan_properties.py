@@ -20,7 +20,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import SENT, Executor
+from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import Executor
 from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import (
     END_PARENT,
     END_PARENT_KILL,
@@ -144,7 +144,7 @@ class Oracle:
     """The rules, restated from the documentation without using the code under test."""
 
     def __init__(self, kernel: SimKernel, module: int, selector: JobSelector, protected) -> None:
-        self.procs = {pid: p for pid, p in kernel.processes.items()}
+        self.procs = dict(kernel.processes)
         chain, current = set(), module
         while current in self.procs and current not in chain:
             chain.add(current)
@@ -226,7 +226,7 @@ def test_plan_targets_only_what_the_rules_allow(scenario):
     assert sorted(s.target.pid for s in plan.stage(KILL_LEADER)) == sorted(leaders)
     # Pure: the snapshot is untouched and planning again gives the same plan.
     assert kernel.processes == before
-    again, _ = make_plan(kernel, module, selector, protected, options)
+    again = make_plan(kernel, module, selector, protected, options)[0]
     assert again.as_list() == plan.as_list()
 
 
