@@ -432,6 +432,8 @@ class Executor:
         parent = self.control.look(ppid)
         parent_name = f"{ppid} ({parent.comm})" if parent is not None else str(ppid)
         why = self.protection.reason(ppid)
+        if why is None and parent is not None and (parent.pid, parent.starttime) in {i.key for i in self.plan.job}:
+            why = "a job process that did not end: see its own entry"
         if why is None and self._parent_step(identity, NOTIFY_PARENT) is None:
             why = "not a parent the plan may signal"
         if why is not None:

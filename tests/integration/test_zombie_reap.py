@@ -254,10 +254,11 @@ def test_frozen_task_escalates_to_host_action_naming_its_wchan(reaper, local_inv
     pid = int(fields["pid"])
     group = reaper.frozen(pid)
     wait_until(lambda: state_of(pid) == "D", what="the frozen task to be in D")
-    args = {"match": [tag.replace(".", r"\.")], "term_timeout": 1, "kill_timeout": 1, "d_state_timeout": 2}
-    run = run_playbook(play([reap_task("frozen", args)]), inventory=local_inventory)
-    assert run.rc == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    args = {"match": [tag.replace(".", r"\.")], "term_timeout": 1, "kill_timeout": 1, "d_state_timeout": 2,
+            "fail_on_escalation": True}
+    run = run_playbook(play([reap_task("frozen", args, ignore_errors=True)]), inventory=local_inventory)
     res = run.result("frozen")
+    assert res.get("failed") is True and res["msg"].startswith("ended 0 process(es) with 2 signal(s); escalation host_action: ")
     wchan = Path(f"/proc/{pid}/wchan").read_text(encoding="utf-8").strip()
     assert wchan and wchan != "0"
     assert res["escalation"] == "host_action"
