@@ -30,6 +30,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--worker-setsid", action="store_true", help="workers leave the job's process group")
     parser.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (only SIGKILL ends it)")
     parser.add_argument("--pid-file", help="write each worker's pid here, one per line")
+    parser.add_argument("--tag", help="ignored: lets a test find its own processes by command line")
     return parser.parse_args(argv)
 
 

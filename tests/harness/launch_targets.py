@@ -59,10 +59,18 @@ class Target:
                 self.remember(result)
         return run
 
+    def demo(self, *args: str) -> list[str]:
+        """The demo job's argv, tagged with this target's work directory (see mine())."""
+        return [PYTHON, DEMO, "--tag", str(self.work), *args]
+
+    def mine(self, proc: Proc) -> bool:
+        """Whether `proc` is a demo job started by this test (other tests may run the demo too)."""
+        return f"--tag {self.work} " in proc.args + " "
+
     def launch_task(self, name: str = "job", task_name: str = "launch", **options: Any) -> dict[str, Any]:
         args: dict[str, Any] = {
             "name": name,
-            "command": [PYTHON, DEMO],
+            "command": self.demo(),
             "log_path": self.log(),
             "state_dir": self.state_dir,
             "ready_regex": "^step 1 ",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.launch_targets import PYTHON, DEMO, Target, playbook_popen, wait_for
+from tests.harness.launch_targets import PYTHON, Target, playbook_popen, wait_for
 from tests.harness.pidns import pid_namespace
 
 pytestmark = pytest.mark.slow
@@ -64,8 +64,8 @@ def job_processes(target: Target, result: dict) -> dict:
 def test_lifecycle(target: Target, tmp_path: Path) -> None:
     """Start survives the launcher; orphans reaped; idempotent; restarted rotates; spec change restarts; stop."""
     worker_pids = tmp_path / "workers.pids"
-    start = target.launch_task(command=[PYTHON, DEMO, "--workers", "2", "--worker-seconds", "1",
-                                        "--pid-file", str(worker_pids)])
+    start = target.launch_task(
+        command=target.demo("--workers", "2", "--worker-seconds", "1", "--pid-file", str(worker_pids)))
     # The play goes on to a task that waits for ever, so the launching session is still there when
     # the test kills its whole process group (ansible-playbook, its workers, the connection).
     hang = {"name": "hold the session open", "ansible.builtin.command": "sleep 300"}
@@ -136,7 +136,7 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
     assert stopped["stop"]["escalated"] is False
     assert job_processes(target, second) == {}
     leftovers = [proc for proc in target.processes().values()
-                 if proc.pid in (second["pid"], restarted["pid"], run["pid"]) or DEMO in proc.args]
+                 if proc.pid in (second["pid"], restarted["pid"], run["pid"]) or target.mine(proc)]
     assert leftovers == []
     if target.namespace is not None:
         # Only the exited supervisor itself may remain there as a zombie (PID 1 never reaps).
@@ -147,7 +147,7 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
 
 def test_start_fails_with_exit_code_and_log_tail(target: Target) -> None:
     run = target.play([target.launch_task(
-        command=[PYTHON, DEMO, "--exit-after", "1", "--exit-code", "3", "--ready-after", "5"],
+        command=target.demo("--exit-after", "1", "--exit-code", "3", "--ready-after", "5"),
         min_uptime=3, startup_timeout=20)])
     result = run.result("launch")
     assert run.rc != 0 and result["failed"] is True
@@ -155,11 +155,11 @@ def test_start_fails_with_exit_code_and_log_tail(target: Target) -> None:
     assert "exit code 3" in result["msg"]
     assert "exiting with code 3" in result["log_tail"]
     assert result["running"] is False
-    assert not [proc for proc in target.processes().values() if DEMO in proc.args]
+    assert not [proc for proc in target.processes().values() if target.mine(proc)]
 
 
 def test_start_fails_at_deadline_without_ready_line(local: Target) -> None:
-    run = local.play([local.launch_task(command=[PYTHON, DEMO, "--no-ready"], startup_timeout=2)])
+    run = local.play([local.launch_task(command=local.demo("--no-ready"), startup_timeout=2)])
     result = run.result("launch")
     assert result["failed"] is True
     assert "ready_regex" in result["msg"] and "appeared" in result["msg"]
@@ -191,8 +191,8 @@ def test_missing_program_fails_with_start_error(local: Target) -> None:
 def test_stop_escalates_to_sigkill_and_ends_escaped_workers(local: Target, tmp_path: Path) -> None:
     """A job that ignores SIGTERM and a worker that left its process group: both end."""
     pids = tmp_path / "workers.pids"
-    start = local.launch_task(command=[PYTHON, DEMO, "--ignore-term", "--workers", "1", "--worker-seconds", "300",
-                                       "--worker-setsid", "--pid-file", str(pids)])
+    start = local.launch_task(command=local.demo(
+        "--ignore-term", "--workers", "1", "--worker-seconds", "300", "--worker-setsid", "--pid-file", str(pids)))
     started = local.play([start]).result("launch")
     worker = int(wait_for(lambda: pids.read_text().split(), what="worker pid")[0])
     table = local.processes()
@@ -220,7 +220,7 @@ def test_check_mode_starts_nothing(local: Target) -> None:
     assert result["rotated_log"] == local.log() + ".1" and result["removed_paths"] == [str(cache)]
     assert cache.exists() and Path(local.log()).read_text() == "previous run\n"
     assert not Path(local.log() + ".1").exists() and not Path(local.state_dir).exists()
-    assert not [proc for proc in local.processes().values() if DEMO in proc.args]
+    assert not [proc for proc in local.processes().values() if local.mine(proc)]
 
 
 def test_check_mode_stop_of_running_job(local: Target) -> None:
@@ -285,13 +285,13 @@ def test_bad_input_fails_clearly_and_starts_nothing(local: Target, read_only_dir
         assert "Traceback" not in result["msg"] and result.get("changed") is False
     assert not Path(local.state_dir).exists()
     assert not Path(local.log()).exists()
-    assert not [proc for proc in local.processes().values() if DEMO in proc.args]
+    assert not [proc for proc in local.processes().values() if local.mine(proc)]
 
 
 def test_job_launch_role_starts_and_stops(local: Target) -> None:
     role_vars = {
         "job_launch_name": "role-job",
-        "job_launch_command": [PYTHON, DEMO],
+        "job_launch_command": local.demo(),
         "job_launch_log_path": str(local.work / "logs" / "train.log"),
         "job_launch_state_dir": local.state_dir,
         "job_launch_ready_regex": "^step 1 ",
