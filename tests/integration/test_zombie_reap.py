@@ -38,6 +38,21 @@ from tests.harness.procstates import (
 # look-alike decoy in the same process group that it does not wait for.
 SUPERVISED = '"$@" "$GPUOPS_TAG" & job=$!; if [ -n "$GPUOPS_DECOY" ]; then ' \
              f'{PYTHON} -c "import time; time.sleep(3600)" "$GPUOPS_DECOY" >/dev/null 2>&1 & fi; wait $job'
+# A job whose SIGTERM handler forks a child (a "checkpoint writer") that outlives it: the child did
+# not exist at the snapshot, so only a second look finds it.
+FORKS_ON_TERM = r"""
+import os, signal, time
+def on_term(signum, frame):
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:
+            time.sleep(3600)
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print(f"pid={os.getpid()}", flush=True)
+while True:
+    time.sleep(3600)
+"""
 FAST = {"term_timeout": 3, "kill_timeout": 3, "reap_timeout": 5, "d_state_timeout": 2}
 
 
@@ -146,6 +161,10 @@ def localhost_run_fixture(local_inventory):
         s.kept_parent, s.kept_zombie = int(fields["parent"]), int(fields["zombie"])
         s.kept = identities([s.kept_parent, s.kept_zombie])
 
+        # A job that forks while it is being ended.
+        s.forking_tag = f"{base}/forking/train.py"
+        s.forking = int(reaper.start(FORKS_ON_TERM, runner=supervised(s.forking_tag))["pid"])
+
         s.run = run_playbook(play([
             reap_task("plan only", {"match": s.match}, check_mode=True),
             reap_task("stale job", {"match": s.match}),
@@ -153,7 +172,9 @@ def localhost_run_fixture(local_inventory):
             reap_task("plain zombie of a job parent", {"match": [rf"{base}/plain/train\.py\b"]}),
             reap_task("zombie leader by pid", {"pids": [s.leader], "reap_parents": True}),
             reap_task("zombie of a parent that may not be ended", {"pids": [s.kept_zombie], "reap_timeout": 1}),
+            reap_task("job that forks while being ended", {"match": [rf"{base}/forking/train\.py\b"]}),
         ]), inventory=local_inventory)
+        s.forking_left = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if s.forking_tag in cmdline(pid)]
         s.decoys_after = still_same(s.decoys)
         s.kept_after = {pid: state_of(pid) for pid in s.kept}
         yield s
@@ -364,3 +385,17 @@ def test_a_recycled_pid_is_never_signalled():
     assert report["ladder pidfd=True"] == [] and report["ladder pidfd=False"] == []
     assert report["newcomer_alive"] is True
     assert report["fresh_plan_ends_it"] is True
+
+
+def test_processes_forked_while_the_job_is_ended_get_a_second_round(localhost_run):
+    s = localhost_run
+    res = result(s, "job that forks while being ended")
+    first = [step for step in res["plan"] if step["round"] == 1]
+    second = [step for step in res["plan"] if step["round"] == 2]
+    assert {step["pid"] for step in first if step["stage"] == "terminate"} == {s.forking}
+    (late,) = {step["pid"] for step in second if step["stage"] == "terminate"}
+    assert late != s.forking
+    assert ("terminate", late, "SIGTERM") in signalled(res)
+    assert {e["pid"] for e in res["ended"]} == {s.forking, late}
+    assert res["escalation"] == "none" and res["remaining"] == []
+    assert s.forking_left == []
