@@ -105,4 +105,3 @@ def test_remove_paths_refuses_root_and_relative(path) -> None:
 
 def test_remove_paths_are_normalised() -> None:
     assert check_remove_paths(["/tmp/torchinductor_root/", "/tmp/a/../b"]) == ("/tmp/torchinductor_root", "/tmp/b")
-
