@@ -212,8 +212,7 @@ class Outcome:
         self.actions.extend(later.actions)
         self.ended.extend(later.ended)
         self.remaining.extend(later.remaining)
-        for reason in later.reasons:
-            self.reasons.append(reason)
+        self.reasons.extend(later.reasons)
         if ESCALATIONS.index(later.escalation) > ESCALATIONS.index(self.escalation):
             self.escalation = later.escalation
 

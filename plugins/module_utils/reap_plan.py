@@ -235,45 +235,45 @@ def _plan_parents(plan: ReapPlan, table: ProcessTable, protection: Protection, j
     for ppid in sorted(children_of):
         children = _pids(children_of[ppid])
         if ppid == 0:
-            plan.notes.append(f"{children}: the parent is outside this PID namespace and reaps them itself")
+            plan.notes.append(f"job {children}: the parent is outside this PID namespace and does the reaping")
             continue
         if ppid == NAMESPACE_INIT_PID:
             init = table.processes.get(ppid)
             plan.notes.append(
-                f"{children}: orphaned to PID 1 ({init.comm if init else '?'}), which must reap them once they "
-                f"exit; watched for {options.reap_timeout:g}s, after that only a restart of the container clears them"
+                f"job {children}: orphaned to PID 1 ({init.comm if init else '?'}), which must do the reaping once "
+                f"they exit; watched for {options.reap_timeout:g}s, after that only a restart of the container clears them"
             )
             continue
         parent = table.processes.get(ppid)
         if parent is None or (parent.is_zombie and parent.threads <= 1):
             # Seen only when the parent exited while the scan ran: its children go to their new reaper.
-            plan.notes.append(f"{children}: the parent {ppid} exited during the scan; their new reaper takes them")
+            plan.notes.append(f"job {children}: the parent {ppid} exited during the scan; the new reaper takes over")
             continue
         why = protection.reason(ppid)
         if why is not None:
-            plan.protected.append({"pid": ppid, "comm": parent.comm, "reason": f"parent of job processes {children}, but {why}"})
-            plan.notes.append(f"{children}: left to their parent {ppid} ({parent.comm}) to reap; it is never signalled ({why})")
+            plan.protected.append({"pid": ppid, "comm": parent.comm, "reason": f"parent of the job's {children}, but {why}"})
+            plan.notes.append(f"job {children}: left to the parent {ppid} ({parent.comm}) to reap; it is never signalled ({why})")
             continue
         parent_id = Identity.of(parent)
         plan.steps.append(Step(
             NOTIFY_PARENT, parent_id, signal.SIGCHLD,
-            f"parent (outside the job) of job processes {children}: SIGCHLD asks it to reap them",
+            f"parent (outside the job) of the job's {children}: SIGCHLD asks it to reap",
             "once any of them is a zombie",
         ))
         if options.reap_parents:
             plan.steps.append(Step(
                 END_PARENT, parent_id, options.term_signal,
-                f"reap_parents: ends the parent of {children} so that the subreaper or PID 1 reaps them",
+                f"reap_parents: ends the parent of the job's {children} so that the subreaper or PID 1 does the reaping",
                 f"if any of them is still a zombie {options.reap_timeout:g}s after SIGCHLD",
             ))
             plan.steps.append(Step(
                 END_PARENT_KILL, parent_id, signal.SIGKILL,
-                f"reap_parents: the parent of {children} ignored {options.term_signal.name}",
+                f"reap_parents: the parent of the job's {children} ignored {options.term_signal.name}",
                 f"if still running {options.term_timeout:g}s after {options.term_signal.name}",
             ))
         else:
             plan.notes.append(
-                f"{children}: if left zombies of {ppid} ({parent.comm}), only ending that parent clears them "
+                f"job {children}: if left as zombies of {ppid} ({parent.comm}), only ending that parent clears them "
                 f"(reap_parents is false, so it is only sent SIGCHLD)"
             )
 

@@ -169,13 +169,13 @@ notes:
   returned: always
   type: list
   elements: str
-  sample: ["pid 4130: orphaned to PID 1 (sleep), which must reap them once they exit; watched for 5s, ..."]
+  sample: ["job pid 4130: orphaned to PID 1 (sleep), which must do the reaping once they exit; watched for 5s, ..."]
 protected:
   description: Processes the selection or the ladder would have touched but that are protected, and why.
   returned: always
   type: list
   elements: dict
-  sample: [{pid: 612, comm: sshd, reason: "parent of job processes pid 4121, but matches protected pattern '\\\\bsshd\\\\b'"}]
+  sample: [{pid: 612, comm: sshd, reason: "parent of the job's pid 4121, but matches protected pattern '\\\\bsshd\\\\b'"}]
 missing_pids:
   description: Pids given in I(pids) that do not exist.
   returned: always
