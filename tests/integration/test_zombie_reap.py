@@ -337,7 +337,7 @@ RECYCLE = textwrap.dedent(r"""
     from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import ReapOptions, plan_reap
     from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import JobSelector
 
-    SLEEP = ["python3", "-c", "import time; time.sleep(3600)", "/w/run/train.py"]
+    SLEEP = [sys.executable, "-c", "import time; time.sleep(3600)", "/w/run/train.py"]
     options = ReapOptions(term_timeout=1, kill_timeout=1, reap_timeout=1, d_state_timeout=1)
     selector = JobSelector.from_options([r"/w/run/train\.py"], [], True)
 
