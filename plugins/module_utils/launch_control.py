@@ -16,9 +16,10 @@ import grp
 import os
 import pwd
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils import launch_systemd as systemd
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_logs import rotate, rotation_plan, tail
@@ -34,8 +35,10 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_records imp
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_spec import DEFAULT_PATH, LaunchOptions
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import (
+    IDLE_FILE,
     install_supervisor,
     process_starttime,
+    read_json,
     spawn_detached,
     utc_now,
 )
@@ -107,9 +110,27 @@ class SupervisorBackend:
         self.records = records
         self.python = python
 
+    def idle_supervisor(self) -> dict | None:
+        """idle.json, if the supervisor it names is alive and waits for the next run."""
+        idle = read_json(self.records.path(IDLE_FILE))
+        if idle and process_alive(idle.get("supervisor_pid"), idle.get("supervisor_starttime"), self.records.proc_root):
+            return idle
+        return None
+
+    def is_idle(self, run: dict) -> Callable[[], bool]:
+        def idle() -> bool:
+            found = self.idle_supervisor()
+            return found is not None and found.get("supervisor_pid") == run.get("supervisor_pid")
+        return idle
+
     def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
         script = install_supervisor(self.records.job_dir)
         self.records.write_launch(launch)
+        idle = self.idle_supervisor()
+        if idle is not None:
+            # The supervisor stayed because nothing could reap it: it takes the new run.
+            os.kill(idle["supervisor_pid"], signal.SIGUSR1)
+            return
         # -I and a minimal environment: nothing of the Ansible connection's Python set-up carries over.
         spawn_detached([self.python, "-I", script, "run", self.records.job_dir], launch["log_path"], LOG_MODE,
                        env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
@@ -121,10 +142,11 @@ class SupervisorBackend:
     def active(self, run: dict) -> bool:
         if not run.get("pid") or run.get("starttime") is None:
             return False
-        return not look(JobIdentity.from_run(run), self.records.proc_root).gone()
+        return not look(JobIdentity.from_run(run), self.records.proc_root, self.is_idle(run)).gone()
 
     def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
-        return stop_tree(JobIdentity.from_run(run), options.stop_timeout, self.records.proc_root)
+        return stop_tree(JobIdentity.from_run(run), options.stop_timeout, self.records.proc_root,
+                         supervisor_idle=self.is_idle(run))
 
 
 class SystemdBackend:

@@ -20,7 +20,11 @@ The supervisor (``python3 supervisor.py run JOB_DIR``):
 * writes ``run.json`` (its own and the job's pid, start time and process group) once the job runs;
 * forwards SIGTERM/SIGINT it receives to the job's process group;
 * writes ``exit.json`` (exit code or signal, end time) the moment the job's leader ends;
-* exits when it has no child left, i.e. when the job's whole tree is gone.
+* exits when it has no child left, i.e. when the job's whole tree is gone - unless its parent can
+  never reap it (a container init that neither catches nor ignores SIGCHLD): exiting there would
+  leave the supervisor itself as a zombie for ever, so it writes ``idle.json`` and waits, and the
+  next start of the same job hands it the new run (``launch.json`` + SIGUSR1) instead of starting
+  another supervisor.
 
 ``python3 supervisor.py record-exit JOB_DIR RUN_ID`` writes ``exit.json`` from systemd's
 ``$EXIT_CODE``/``$EXIT_STATUS``/``$SERVICE_RESULT``; the systemd backend runs it as ``ExecStopPost``.
@@ -44,6 +48,7 @@ LAUNCH_FILE = "launch.json"
 RUN_FILE = "run.json"
 EXIT_FILE = "exit.json"
 SUPERVISOR_FILE = "supervisor.py"
+IDLE_FILE = "idle.json"
 STATE_FILE_MODE = 0o600
 
 
@@ -151,14 +156,26 @@ class Supervisor:
             **kwargs
         )
 
-    def run(self) -> int:
+    def run(self, linger: str = "auto") -> int:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             sys.stderr.write("gpuops supervisor: PR_SET_CHILD_SUBREAPER failed: errno %d\n" % ctypes.get_errno())
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.forward)
-        # A handler, not SIG_IGN: exec resets handlers to default but would keep an ignore for the job.
+        # Handlers, not SIG_IGN: exec resets handlers to default but would keep an ignore for the job.
         signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
+        signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
+        while True:
+            code = self.run_job()
+            if linger == "never" or (linger == "auto" and parent_reaps()):
+                return code
+            if not self.wait_for_next_launch():
+                return code
+
+    def run_job(self) -> int:
+        """Start the job of launch.json and supervise it until its whole tree is gone."""
+        self.job_pid = 0
+        self.pending_signal = 0
         try:
             job = self.start_job()
         except (OSError, KeyError, ValueError, subprocess.SubprocessError) as exc:
@@ -188,6 +205,68 @@ class Supervisor:
                 job.returncode = status  # keeps Popen from waiting on a pid we reaped
                 self.record_exit(exit_fields(status))
 
+    def reopen_log(self) -> None:
+        """Point our stdout/stderr (which the job inherits) at the log of the new run.
+
+        The module rotated the previous log by renaming it: the old descriptors still write there.
+        """
+        log_fd = os.open(self.launch["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+
+    def wait_for_next_launch(self) -> bool:
+        """Idle until the module hands over the next run (SIGUSR1); False when told to end.
+
+        Only where our parent never reaps: exiting there would leave this process as a zombie that
+        nothing clears, so it stays, idle, and the next start of the same job reuses it.
+        """
+        idle_path = os.path.join(self.job_dir, IDLE_FILE)
+        waited_for = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
+        # Blocked before idle.json appears, so a SIGUSR1 sent after reading it stays pending.
+        signal.pthread_sigmask(signal.SIG_BLOCK, waited_for)
+        write_json_atomic(idle_path, {
+            "supervisor_pid": os.getpid(),
+            "supervisor_starttime": process_starttime(os.getpid()),
+            "last_run_id": self.run_id,
+            "since": utc_now(),
+        })
+        try:
+            while True:
+                if signal.sigwait(waited_for) != signal.SIGUSR1:
+                    return False
+                launch = read_json(os.path.join(self.job_dir, LAUNCH_FILE)) or {}
+                if launch.get("run_id") and launch.get("run_id") != self.run_id:
+                    self.launch = launch
+                    self.run_id = launch["run_id"]
+                    self.reopen_log()
+                    return True
+        finally:
+            try:
+                os.unlink(idle_path)
+            except OSError:
+                pass
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, waited_for)
+
+
+def parent_reaps(proc_root: str = "/proc") -> bool:
+    """Whether our parent handles or ignores SIGCHLD, i.e. can reap us when we exit.
+
+    A container init such as ``sleep`` neither catches nor ignores it and never calls wait().
+    An init that polls wait() without a handler is taken for one that does not reap: then we
+    merely stay idle, which costs one sleeping process per job name.
+    """
+    masks = {}
+    try:
+        with open("%s/%d/status" % (proc_root, os.getppid()), encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                key, _sep, value = line.partition(":")
+                if key in ("SigCgt", "SigIgn"):
+                    masks[key] = int(value.strip(), 16)
+    except (OSError, ValueError):
+        return True
+    return bool((masks.get("SigCgt", 0) | masks.get("SigIgn", 0)) & (1 << (signal.SIGCHLD - 1)))
+
 
 def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
     """exit.json from the variables systemd passes to ExecStopPost."""
@@ -205,11 +284,12 @@ def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
 
 def main(argv: list) -> int:
     if len(argv) >= 2 and argv[0] == "run":
-        return Supervisor(argv[1]).run()
+        linger = argv[2] if len(argv) >= 3 and argv[2] in ("auto", "never", "always") else "auto"
+        return Supervisor(argv[1]).run(linger)
     if len(argv) >= 3 and argv[0] == "record-exit":
         record_systemd_exit(argv[1], argv[2], dict(os.environ))
         return 0
-    sys.stderr.write("usage: supervisor.py run JOB_DIR | record-exit JOB_DIR RUN_ID\n")
+    sys.stderr.write("usage: supervisor.py run JOB_DIR [auto|never|always] | record-exit JOB_DIR RUN_ID\n")
     return 2
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable
@@ -51,6 +52,7 @@ class TreeView:
     identity: JobIdentity
     members: set[int]
     supervisor_alive: bool
+    supervisor_idle: bool = False
 
     @property
     def live(self) -> list[int]:
@@ -68,9 +70,11 @@ class TreeView:
         return [pid for pid in self.zombies if self.table.processes[pid].ppid not in ours]
 
     def gone(self) -> bool:
-        """Nothing of the job runs, every zombie it left has been reaped, the supervisor has exited."""
+        """Nothing of the job runs, every zombie it left has been reaped, the supervisor has exited
+        (or, where nothing could reap it, waits idle for the next run)."""
         waiting_zombies = set(self.zombies) - set(self.unreapable_zombies())
-        return not self.live and not waiting_zombies and not self.supervisor_alive
+        supervisor_done = not self.supervisor_alive or self.supervisor_idle
+        return not self.live and not waiting_zombies and supervisor_done
 
     def describe(self, pids: list[int]) -> list[dict]:
         described = []
@@ -80,8 +84,9 @@ class TreeView:
         return described
 
 
-def look(identity: JobIdentity, proc_root: str = "/proc") -> TreeView:
-    """Scan the process table and pick out the job's tree."""
+def look(identity: JobIdentity, proc_root: str = "/proc",
+         supervisor_idle: Callable[[], bool] = lambda: False) -> TreeView:
+    """Scan the process table and pick out the job's tree (`supervisor_idle`: it said so)."""
     table = ProcessTable.scan(proc_root)
     processes = table.processes
     leader = processes.get(identity.pid)
@@ -105,7 +110,8 @@ def look(identity: JobIdentity, proc_root: str = "/proc") -> TreeView:
     )
     if supervisor_alive:
         members.update(table.descendants(supervisor.pid))
-    return TreeView(table, identity, members, supervisor_alive)
+    idle = supervisor_alive and supervisor_idle()
+    return TreeView(table, identity, members, supervisor_alive, idle)
 
 
 @dataclass
@@ -143,10 +149,10 @@ def _send(view: TreeView, signum: int, outcome: StopOutcome) -> None:
 
 
 def stop_tree(identity: JobIdentity, stop_timeout: float, proc_root: str = "/proc",
-              kill_wait: float = KILL_WAIT) -> StopOutcome:
+              kill_wait: float = KILL_WAIT, supervisor_idle: Callable[[], bool] = lambda: False) -> StopOutcome:
     """SIGTERM, wait up to stop_timeout, SIGKILL, wait up to kill_wait; report what remains."""
     outcome = StopOutcome()
-    view = look(identity, proc_root)
+    view = look(identity, proc_root, supervisor_idle)
     if view.gone():
         return _finish(view, outcome)
     _send(view, signal.SIGTERM, outcome)
@@ -156,7 +162,7 @@ def stop_tree(identity: JobIdentity, stop_timeout: float, proc_root: str = "/pro
             _send(view, signum, outcome)
         deadline = Deadline(seconds)
         while True:
-            view = look(identity, proc_root)
+            view = look(identity, proc_root, supervisor_idle)
             if view.gone():
                 return _finish(view, outcome)
             if deadline.expired():

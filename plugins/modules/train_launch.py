@@ -19,7 +19,8 @@ description:
     zombies under a container init that does not reap. It starts the job in a process group of its
     own, forwards SIGTERM to that group, records the exit code or signal and the time atomically in
     the state directory, and exits when the job's whole tree is gone. It runs from a private copy in
-    the state directory, so it does not depend on the module's temporary files.
+    the state directory, so it does not depend on the module's temporary files (see the notes for
+    containers whose init never reaps).
   - With I(backend=systemd) the job runs as a transient unit C(gpuops-NAME.service) started by
     C(systemd-run --collect -p KillMode=mixed) with stdout and stderr appended to I(log_path). Its
     exit status is recorded by an C(ExecStopPost=) hook, because a collected unit can no longer be
@@ -145,8 +146,10 @@ options:
     type: int
     default: 20
 notes:
-  - Where PID 1 of a container never reaps, the supervisor itself (once it has exited after the job's
-    tree) stays a zombie there, holding only a PID slot; the job's own processes never do.
+  - The supervisor exits once the job's whole tree is gone, except where its parent (in a container,
+    PID 1) neither catches nor ignores SIGCHLD and so may never reap it. Exiting there would leave the
+    supervisor itself as a zombie for ever, so it stays idle instead (one sleeping process per job
+    name, with no child) and the next start of that job hands the new run to it.
   - A second task on the same job waits for the first (a lock in the job's state directory), at most
     I(stop_timeout) + I(startup_timeout) + 90 seconds.
 attributes:

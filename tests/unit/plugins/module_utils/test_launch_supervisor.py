@@ -46,14 +46,14 @@ def job_dir(tmp_path):
     return directory
 
 
-def launch(job_dir: Path, argv: list[str], log: Path) -> subprocess.Popen:
+def launch(job_dir: Path, argv: list[str], log: Path, linger: str = "never", run_id: str = "r1") -> subprocess.Popen:
     """Run the installed copy of the supervisor as our child, so the test can wait for it."""
     write_json_atomic(str(job_dir / "launch.json"), {
-        "run_id": "r1", "argv": argv, "env": {"PATH": os.environ["PATH"]}, "chdir": str(job_dir),
+        "run_id": run_id, "argv": argv, "env": {"PATH": os.environ["PATH"]}, "chdir": str(job_dir),
         "user": None, "group": None, "spec_hash": "h", "log_path": str(log)})
     script = install_supervisor(str(job_dir))
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, script, "run", str(job_dir)], stdout=out, stderr=out,
+        return subprocess.Popen([sys.executable, script, "run", str(job_dir), linger], stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL)
 
 
@@ -93,6 +93,48 @@ def test_supervisor_records_a_failing_job_and_a_missing_program(job_dir, tmp_pat
     supervisor = launch(job_dir, ["/nonexistent/program"], log)
     assert supervisor.wait(timeout=30) == 1
     assert "No such file" in read_json(str(job_dir / "exit.json"))["error"]
+
+
+def test_supervisor_lingers_where_nothing_reaps_it_and_takes_the_next_run(job_dir, tmp_path) -> None:
+    log = tmp_path / "train.log"
+    supervisor = launch(job_dir, [sys.executable, DEMO, "--exit-after", "0", "--exit-code", "3"], log, linger="always")
+    try:
+        wait_for((job_dir / "idle.json").exists)
+        idle = read_json(str(job_dir / "idle.json"))
+        assert idle["supervisor_pid"] == supervisor.pid and idle["last_run_id"] == "r1"
+        assert supervisor.poll() is None and read_json(str(job_dir / "exit.json"))["exit_code"] == 3
+        log.rename(str(log) + ".1")  # rotated, as the module does before a start
+        write_json_atomic(str(job_dir / "launch.json"), {
+            "run_id": "r2", "argv": [sys.executable, DEMO, "--exit-after", "0", "--exit-code", "4"],
+            "env": {"PATH": os.environ["PATH"]}, "chdir": str(job_dir), "log_path": str(log)})
+        supervisor.send_signal(signal.SIGUSR1)
+        wait_for(lambda: (read_json(str(job_dir / "exit.json")) or {}).get("run_id") == "r2")
+        assert read_json(str(job_dir / "exit.json"))["exit_code"] == 4
+        assert "exiting with code 4" in log.read_text()  # the new run writes to the new log
+        assert "exiting with code 4" not in Path(str(log) + ".1").read_text()
+        assert read_json(str(job_dir / "run.json"))["supervisor_pid"] == supervisor.pid
+        wait_for(lambda: (read_json(str(job_dir / "idle.json")) or {}).get("last_run_id") == "r2")
+        supervisor.send_signal(signal.SIGTERM)  # idle: told to end, it ends
+        assert supervisor.wait(timeout=30) == 0
+        assert not (job_dir / "idle.json").exists()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+
+
+@pytest.mark.parametrize("sigcgt, sigign, reaps", [
+    ("0000000000000000", "0000000000000000", False),  # sleep as a container init
+    ("0000000000010000", "0000000000000000", True),   # catches SIGCHLD (systemd, tini, bash)
+    ("0000000000000000", "0000000000010000", True),   # ignores SIGCHLD: the kernel reaps
+    ("00000000000004e8", "0000000000001000", False),  # polls wait() without a handler
+])
+def test_parent_reaps(tmp_path, sigcgt, sigign, reaps) -> None:
+    status = tmp_path / str(os.getppid()) / "status"
+    status.parent.mkdir()
+    status.write_text(f"Name:\tinit\nSigBlk:\t0000000000000000\nSigIgn:\t{sigign}\nSigCgt:\t{sigcgt}\n")
+    assert launch_supervisor.parent_reaps(str(tmp_path)) is reaps
+    assert launch_supervisor.parent_reaps(str(tmp_path / "missing")) is True
 
 
 def test_supervisor_copy_runs_without_the_collection(job_dir) -> None:
