@@ -129,9 +129,11 @@ def check_remove_paths(paths: list[str] | None) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def _check_log_dir(log_path: str) -> None:
+def _check_log_dir(log_path: str, check_mode: bool) -> None:
     directory = os.path.dirname(log_path)
     if not os.path.isdir(directory):
+        if check_mode:
+            return  # an earlier task (say, the job_launch role's) would have created it
         raise SpecError(f"log_path: the directory {directory!r} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise SpecError(f"log_path: the directory {directory!r} is not writable")
@@ -152,8 +154,11 @@ def _check_account(user: str | None, group: str | None) -> None:
             raise SpecError(f"group: no such group {group!r}") from None
 
 
-def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
-    """Check the module's parameters; raise SpecError on the first problem found."""
+def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> LaunchOptions:
+    """Check the module's parameters; raise SpecError on the first problem found.
+
+    In check mode a missing log directory is accepted: a task before this one may create it.
+    """
     name = params["name"]
     if not NAME_PATTERN.match(name or ""):
         raise SpecError(
@@ -178,7 +183,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         if chdir is not None and not os.path.isdir(chdir):
             raise SpecError(f"chdir: the directory {chdir!r} does not exist")
         _check_account(params.get("user"), params.get("group"))
-        _check_log_dir(log_path)
+        _check_log_dir(log_path, check_mode)
         spec = JobSpec(
             argv=argv,
             env=tuple(sorted((str(k), str(v)) for k, v in env.items())),

@@ -88,7 +88,8 @@ options:
     type: str
   log_path:
     description:
-      - Absolute path of the job's log (stdout and stderr). Its directory must exist and be writable.
+      - Absolute path of the job's log (stdout and stderr). Its directory must exist and be writable
+        (in check mode a missing directory is accepted, since an earlier task may create it).
       - Required with I(state=started) and I(state=restarted).
     type: path
   keep_logs:
@@ -377,7 +378,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        options = options_from_params(module.params)
+        options = options_from_params(module.params, module.check_mode)
     except SpecError as exc:
         module.fail_json(msg=str(exc), changed=False)
     try:

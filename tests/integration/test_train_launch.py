@@ -310,6 +310,11 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
         "name": "gpuops.relaunch.job_launch", "tasks_from": "stop"}, "vars": role_vars}
     show = {"name": "show", "ansible.builtin.debug": {"var": "job_launch_result"}}
     show_stop = {"name": "show stop", "ansible.builtin.debug": {"var": "job_launch_stop_result"}}
+    # Check mode first, as playbooks/relaunch.yml probes: the log directory does not exist yet.
+    probe = local.play([start, show], check=True)
+    assert probe.rc == 0, probe.stdout[-3000:]
+    assert probe.result("show")["job_launch_result"]["changed"] is True
+    assert not (local.work / "logs").exists() and not Path(local.state_dir).exists()
     run = local.play([start, show, stop, show_stop])
     assert run.rc == 0, run.stdout[-3000:]
     launched = run.result("show")["job_launch_result"]

@@ -86,6 +86,13 @@ def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:
     assert message in str(caught.value)
 
 
+def test_check_mode_accepts_a_log_directory_an_earlier_task_would_create(tmp_path) -> None:
+    later = params(tmp_path, log_path=str(tmp_path / "logs" / "train.log"))
+    assert options_from_params(later, check_mode=True).log_path == str(tmp_path / "logs" / "train.log")
+    with pytest.raises(SpecError, match="does not exist"):
+        options_from_params(later)
+
+
 def test_log_path_that_is_a_directory(tmp_path) -> None:
     (tmp_path / "train.log").mkdir()
     with pytest.raises(SpecError, match="is a directory"):
