@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: our process snapshot against `ps -eo pid,ppid,stat,nlwp,comm`, same machine, same run.
 
 Spawns N extra processes (default 10,000; each a forked child that waits for a signal), then times,
@@ -40,7 +39,7 @@ import os, signal, sys
 count = int(sys.argv[1])
 os.setpgid(0, 0)
 children = []
-for _ in range(count):
+for _index in range(count):
     pid = os.fork()
     if pid == 0:
         signal.pause()
@@ -95,7 +94,7 @@ def main() -> None:
         timings: dict[str, list[float]] = {name: [] for name in actions}
         for name, action in actions.items():  # warm the page cache and imports once
             action()
-        for _ in range(args.rounds):
+        for _round in range(args.rounds):
             for name, action in actions.items():
                 timings[name].append(time_once(action))
     finally:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The demo's "last run": a hand-launched training run that died badly and left its mess behind.

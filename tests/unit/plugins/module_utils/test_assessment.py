@@ -49,7 +49,7 @@ def proc_fixture(tmp_path):
 
 def test_nothing_of_the_job_is_clean(proc):
     proc.add(40, "python3", cmdline=["python3", "notebook.py"])
-    result, _ = run(proc.root, match=[r"train\.py"])
+    result, _clock = run(proc.root, match=[r"train\.py"])
     assert result.verdict == "clean"
     assert result.job_processes == []
 
@@ -59,7 +59,7 @@ def test_running_job_with_descendants_is_reapable(proc):
     proc.add(11, "python3", ppid=10, cmdline=["python3", "-c", "worker"])
     proc.add(12, "pt_data_worker", ppid=11, cmdline=["python3", "-c", "loader"])
     proc.add(20, "python3", cmdline=["python3", "/w/train_eval.py"])
-    result, _ = run(proc.root, match=[r"/w/train\.py\b"])
+    result, _clock = run(proc.root, match=[r"/w/train\.py\b"])
     assert [p["pid"] for p in result.job_processes] == [10, 11, 12]
     assert result.verdict == "reapable"
     assert any("10, 11, 12" in reason for reason in result.reasons)
@@ -67,13 +67,13 @@ def test_running_job_with_descendants_is_reapable(proc):
 
 def test_protected_process_is_left_out_of_the_job(proc):
     proc.add(10, "python3", cmdline=["python3", "/w/train.py"])
-    result, _ = run(proc.root, match=[r"sshd|train"], protected=(re.compile(r"\bsshd\b"),))
+    result, _clock = run(proc.root, match=[r"sshd|train"], protected=(re.compile(r"\bsshd\b"),))
     assert [p["pid"] for p in result.job_processes] == [10]
     assert [(p["pid"], p["comm"]) for p in result.protected] == [(5, "sshd")]
 
 
 def test_pid_1_is_never_part_of_the_job(proc):
-    result, _ = run(proc.root, match=[r"init"], pids=[1])
+    result, _clock = run(proc.root, match=[r"init"], pids=[1])
     assert result.job_processes == []
     assert result.protected[0]["reason"] == "PID 1 of this namespace"
 
@@ -83,7 +83,7 @@ def test_zombie_leader_with_live_thread(proc):
     proc.add(30, "python3", state="Z", ppid=10, threads=2)
     proc.add_thread(30, 30, "python3", state="Z")
     proc.add_thread(30, 31, "pt_autograd_0", state="S", wchan="futex_wait_queue")
-    result, _ = run(proc.root, match=[r"/w/train\.py"])
+    result, _clock = run(proc.root, match=[r"/w/train\.py"])
     (zombie,) = result.zombies
     assert zombie["kind"] == "zombie_leader"
     assert zombie["live_threads"] == [{"tid": 31, "state": "S", "wchan": "futex_wait_queue", "comm": "pt_autograd_0"}]
@@ -100,7 +100,7 @@ def test_unrelated_plain_zombie_does_not_block(proc):
     assert result.verdict == "clean"
     assert clock.waits == []  # not orphaned to PID 1: nothing to watch
 
-    strict, _ = run(proc.root, match=[r"train"], require_no_zombies=True)
+    strict, _clock = run(proc.root, match=[r"train"], require_no_zombies=True)
     assert strict.verdict == "reapable"
 
 
@@ -133,7 +133,7 @@ def test_thread_asleep_in_the_gpu_driver_needs_host_action(proc):
     proc.add(10, "python3", cmdline=["python3", "/w/train.py"], threads=2, state="D")
     proc.add_thread(10, 10, "python3", state="D", wchan="uvm_va_space_destroy")
     proc.add_thread(10, 12, "python3", state="S", wchan="futex_wait_queue")
-    result, _ = run(proc.root, match=[r"train\.py"])
+    result, _clock = run(proc.root, match=[r"train\.py"])
     assert result.verdict == "needs_host_action"
     assert result.uninterruptible == [{"pid": 10, "tid": 10, "comm": "python3", "wchan": "uvm_va_space_destroy"}]
     assert "uvm_va_space_destroy" in result.reasons[0]
@@ -142,7 +142,7 @@ def test_thread_asleep_in_the_gpu_driver_needs_host_action(proc):
 def test_d_state_outside_the_driver_is_waited_out(proc):
     proc.add(10, "python3", cmdline=["python3", "/w/train.py"], state="D")
     proc.add_thread(10, 10, "python3", state="D", wchan="do_freezer_trap")
-    result, _ = run(proc.root, match=[r"train\.py"])
+    result, _clock = run(proc.root, match=[r"train\.py"])
     assert result.verdict == "reapable"
     assert any("do_freezer_trap" in reason for reason in result.reasons)
 
@@ -150,12 +150,12 @@ def test_d_state_outside_the_driver_is_waited_out(proc):
 def test_unrelated_d_state_does_not_block(proc):
     proc.add(90, "jbd2", cmdline=["backup"], state="D")
     proc.add_thread(90, 90, "backup", state="D", wchan="io_schedule")
-    result, _ = run(proc.root, match=[r"train\.py"])
+    result, _clock = run(proc.root, match=[r"train\.py"])
     assert result.uninterruptible[0]["pid"] == 90
     assert result.verdict == "clean"
 
 
 def test_missing_pids_are_reported(proc):
-    result, _ = run(proc.root, pids=[4242])
+    result, _clock = run(proc.root, pids=[4242])
     assert result.missing_pids == [4242]
     assert result.verdict == "clean"

@@ -141,3 +141,14 @@ def test_scan_of_real_proc_finds_itself():
     assert "pytest" in me.cmdline
     assert table.processes[os.getppid()].pid == me.ppid
     assert 1 in table.processes
+
+
+def test_pid_2_inside_a_namespace_is_an_ordinary_process(tmp_path):
+    # Only PF_KTHREAD marks a kernel thread: in a PID namespace pid 2 is often the job itself.
+    proc = FakeProc(tmp_path)
+    proc.add(1, "sleep", cmdline=["sleep", "infinity"])
+    proc.add(2, "python3", cmdline=["python3", "train.py"])
+    proc.add(3, "python3", ppid=2, cmdline=["python3", "-c", "worker"])
+    table = ProcessTable.scan(str(tmp_path))
+    assert not table.processes[2].is_kernel_thread and not table.processes[3].is_kernel_thread
+    assert table.processes[2].cmdline == "python3 train.py"
