@@ -124,12 +124,19 @@ class Target:
         """End whatever the tests started here (the namespace ends with its init anyway)."""
         if self.namespace is not None:
             return
+        # Also what the state directories name: a supervisor waiting idle after a failed start
+        # appears in no task result.
+        for records in Path(self.state_dir).glob("*/*.json"):
+            if records.name in ("run.json", "idle.json"):
+                recorded = self.read_state(records.parent.name, records.name)
+                if recorded:
+                    self.started_runs.append(recorded)
         for run in self.started_runs:
-            for pid_key, start_key in (("supervisor_pid", None), ("pid", "starttime")):
+            for pid_key, start_key in (("supervisor_pid", "supervisor_starttime"), ("pid", "starttime")):
                 pid = run.get(pid_key)
                 if not pid:
                     continue
-                if start_key and process_starttime(pid) != run.get(start_key):
+                if start_key in run and process_starttime(pid) != run.get(start_key):
                     continue
                 try:
                     if pid_key == "pid" and os.getpgid(pid) == pid:
