@@ -23,11 +23,7 @@ from typing import Any, Callable, Protocol
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils import launch_systemd as systemd
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_logs import rotate, rotation_plan, tail
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import (
-    Deadline,
-    LogScanner,
-    wait_ready,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import LogScanner, wait_ready
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_records import (
     JobRecords,
     new_run_id,
@@ -49,6 +45,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_tree import
     look,
     stop_tree,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 
 LOG_MODE = 0o640
 EXIT_RECORD_WAIT = 5.0

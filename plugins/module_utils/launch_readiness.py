@@ -8,44 +8,10 @@ Everything here polls the real condition against a deadline; nothing sleeps a fi
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
-from typing import Callable, Pattern, Protocol
+from typing import Pattern, Protocol
 
-POLL_INTERVAL = 0.1
-
-
-class Deadline:
-    """A point in monotonic time, and the poll that waits towards it."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.clock = clock
-        self.sleep = sleep
-        self.start = clock()
-        self.end = self.start + seconds
-
-    def elapsed(self) -> float:
-        return self.clock() - self.start
-
-    def remaining(self) -> float:
-        return max(0.0, self.end - self.clock())
-
-    def expired(self) -> bool:
-        return self.clock() >= self.end
-
-    def pause(self, interval: float = POLL_INTERVAL) -> None:
-        """Sleep until the next poll: the interval, or what is left before the deadline."""
-        self.sleep(min(interval, self.remaining()))
-
-    def poll(self, condition: Callable[[], bool], interval: float = POLL_INTERVAL) -> bool:
-        """True as soon as `condition()` holds; False if it still does not at the deadline."""
-        while True:
-            if condition():
-                return True
-            if self.expired():
-                return False
-            self.pause(interval)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 
 
 class LogScanner:

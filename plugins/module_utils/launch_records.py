@@ -20,7 +20,6 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import (
     EXIT_FILE,
     LAUNCH_FILE,
@@ -28,6 +27,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor 
     read_json,
     write_json_atomic,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import parse_stat, read_small
 
 STATE_DIR_MODE = 0o700

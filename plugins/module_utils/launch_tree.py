@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import Protection
 

@@ -5,25 +5,12 @@ from __future__ import annotations
 import re
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import (
-    Deadline,
     LogScanner,
     describe_exit,
     wait_ready,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.on_sleep = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        for action in list(self.on_sleep):
-            action(self.now)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
+from tests.harness.clock import FakeClock
 
 
 class FakeProbe:
@@ -49,15 +36,6 @@ def writer(path, schedule):
             with open(path, "a", encoding="utf-8") as handle:
                 handle.write(text)
     return act
-
-
-def test_deadline_poll(tmp_path) -> None:
-    clock = FakeClock()
-    deadline = Deadline(1.0, clock, clock.sleep)
-    assert deadline.poll(lambda: clock.now >= 0.5) is True
-    assert 0.5 <= clock.now < 0.7
-    assert Deadline(1.0, clock, clock.sleep).poll(lambda: False) is False
-    assert deadline.remaining() == 0.0
 
 
 def test_scanner_reads_incrementally_and_waits_for_whole_lines(tmp_path) -> None:
