@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import os
 import re
-import time
 import traceback
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Callable, Mapping
 
 from ansible.module_utils.basic import env_fallback
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import backoff, pause
 
 PROXMOXER_IMPORT_ERROR: str | None
 try:
@@ -179,17 +181,7 @@ class RetryPolicy:
 
     def delays(self) -> list[float]:
         """The pauses between attempts."""
-        out = []
-        delay = self.first_delay
-        for _attempt in range(max(self.attempts - 1, 0)):
-            out.append(min(delay, self.max_delay))
-            delay *= self.factor
-        return out
-
-
-def _sleep_before_retry(seconds: float) -> None:
-    # Backoff between attempts of one request: bounded by the RetryPolicy, not a guess at a state.
-    time.sleep(seconds)
+        return list(islice(backoff(self.first_delay, self.factor, self.max_delay), max(self.attempts - 1, 0)))
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -228,7 +220,7 @@ class ProxmoxClient:
         self,
         connection: ProxmoxConnection,
         retry: RetryPolicy | None = None,
-        sleep: Callable[[float], None] = _sleep_before_retry,
+        sleep: Callable[[float], None] = pause,
     ) -> None:
         if not HAS_PROXMOXER:
             raise ProxmoxError("the proxmoxer and requests Python packages are needed on the controller")

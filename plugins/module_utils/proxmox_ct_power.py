@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
     ProxmoxApiError,
     ProxmoxClient,
     ProxmoxError,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_tasks import (
-    Deadline,
     TaskFailed,
     TaskOutcome,
     TaskTimeout,

@@ -15,6 +15,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
     AmbiguousPost,
     ProxmoxClient,
@@ -29,37 +30,9 @@ CT_TASK_TYPES = {"start": "vzstart", "stop": "vzstop", "shutdown": "vzshutdown",
 LOG_TAIL_LINES = 10
 
 
-class Deadline:
-    """A point in time measured on a monotonic clock, and what is left until it."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self.started = clock()
-        self.at = self.started + max(seconds, 0.0)
-
-    @property
-    def remaining(self) -> float:
-        return max(self.at - self._clock(), 0.0)
-
-    @property
-    def expired(self) -> bool:
-        return self._clock() >= self.at
-
-    @property
-    def elapsed(self) -> float:
-        return self._clock() - self.started
-
-    def sooner(self, seconds: float) -> Deadline:
-        """A deadline `seconds` from now, but never later than this one."""
-        other = Deadline(seconds, self._clock)
-        other.at = min(other.at, self.at)
-        return other
-
-
-def _sleep_rest_of_interval(seconds: float) -> None:
-    # The only sleep of a poll: what is left of one polling interval, never past the deadline.
-    if seconds > 0:
-        time.sleep(seconds)
+# PVE tasks take from a fraction of a second to minutes: look quickly at first, then back off so
+# a long task does not keep the API busy.
+API_POLL_GROWTH = 1.5
 
 
 def poll(
@@ -67,21 +40,13 @@ def poll(
     deadline: Deadline,
     interval: float = 0.2,
     max_interval: float = 2.0,
-    sleep: Callable[[float], None] = _sleep_rest_of_interval,
 ) -> T | None:
     """Call probe until it returns something other than None, or the deadline passes (then None).
 
     The probe always runs at least once, and once more at the deadline, so a condition that became
     true during the last interval is seen.
     """
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if deadline.expired:
-            return None
-        sleep(min(interval, deadline.remaining))
-        interval = min(interval * 1.5, max_interval)
+    return deadline.poll_for(probe, interval, growth=API_POLL_GROWTH, max_interval=max_interval)
 
 
 @dataclass(frozen=True)

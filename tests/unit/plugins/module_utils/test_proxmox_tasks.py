@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
     ProxmoxClient,
     ProxmoxConnection,
     RetryPolicy,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_tasks import (
-    Deadline,
     TaskFailed,
     TaskTimeout,
     Upid,
@@ -22,24 +22,10 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_tasks impo
     task_succeeded,
     wait_for_task,
 )
+from tests.harness.clock import FakeClock
 from tests.harness.fakepve_lxc import FakePveServer, make_pki
 
 FAST = RetryPolicy(attempts=3, first_delay=0.01, max_delay=0.05)
-
-
-class FakeClock:
-    """A clock that moves only when slept on, so polls can be checked without waiting."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 # ------------------------------------------------------------------------------- pure parts
@@ -67,27 +53,21 @@ def test_only_ok_and_warnings_are_success(exitstatus, ok):
 
 
 def test_poll_stops_at_the_deadline_and_never_sleeps_past_it():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     probes = []
-    deadline = Deadline(2.0, clock=clock)
-    assert poll(lambda: probes.append(clock()), deadline, interval=0.3, max_interval=1.0, sleep=clock.sleep) is None
+    deadline = Deadline(2.0, clock, clock.sleep)
+    assert poll(lambda: probes.append(clock()), deadline, interval=0.3, max_interval=1.0) is None
     assert clock.now == pytest.approx(1002.0)
-    assert max(clock.sleeps) <= 1.0
+    assert clock.sleeps[:2] == pytest.approx([0.3, 0.45])  # it backs off ...
+    assert max(clock.sleeps) <= 1.0  # ... up to max_interval
     assert probes[-1] == pytest.approx(1002.0)  # one last look at the deadline
 
 
 def test_poll_returns_as_soon_as_the_condition_holds():
-    clock = FakeClock()
-    deadline = Deadline(60, clock=clock)
-    assert poll(lambda: "done" if clock() >= 1001 else None, deadline, interval=0.5, sleep=clock.sleep) == "done"
+    clock = FakeClock(1000.0)
+    deadline = Deadline(60, clock, clock.sleep)
+    assert poll(lambda: "done" if clock() >= 1001 else None, deadline, interval=0.5) == "done"
     assert clock.now < 1003
-
-
-def test_sooner_deadline_never_outlasts_its_parent():
-    clock = FakeClock()
-    parent = Deadline(5, clock=clock)
-    assert parent.sooner(100).remaining == pytest.approx(5)
-    assert parent.sooner(1).remaining == pytest.approx(1)
 
 
 # ----------------------------------------------------------------------------- against a server
@@ -128,7 +108,7 @@ def test_failed_task_fails_at_once_with_its_exit_status_and_log(api, server):
     deadline = Deadline(3600)
     with pytest.raises(TaskFailed, match="container did not stop") as caught:
         wait_for_task(api, upid, deadline)
-    assert deadline.elapsed < 3600
+    assert deadline.elapsed() < 3600
     assert caught.value.outcome.exitstatus == "container did not stop"
     assert any("TASK ERROR" in line for line in caught.value.outcome.log_tail)
 
