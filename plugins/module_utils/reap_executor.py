@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Pattern
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import poll_until
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import (
     Process,
     ProcessTable,
@@ -60,24 +61,6 @@ ESCALATIONS = (NO_ESCALATION, CONTAINER_REBOOT, HOST_ACTION)
 
 POLL_INTERVAL = 0.05
 MAX_ROUNDS = 3
-
-
-def poll_until(
-    condition: Callable[[], bool],
-    timeout: float,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    interval: float = POLL_INTERVAL,
-) -> bool:
-    """Check `condition` until it holds or `timeout` seconds have passed; whether it held."""
-    deadline = clock() + timeout
-    while True:
-        if condition():
-            return True
-        remaining = deadline - clock()
-        if remaining <= 0:
-            return False
-        sleep(min(interval, remaining))
 
 
 class ProcessControl:
@@ -268,7 +251,7 @@ class Executor:
         return [t for t in self.control.threads(identity.pid) if t.state == "D"]
 
     def _wait(self, condition: Callable[[], bool], timeout: float) -> bool:
-        return poll_until(condition, timeout, self.clock, self.sleep)
+        return poll_until(condition, timeout, POLL_INTERVAL, self.clock, self.sleep)
 
     # --- signalling --------------------------------------------------------------------------
 

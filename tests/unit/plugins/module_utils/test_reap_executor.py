@@ -13,7 +13,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor impo
     RECYCLED,
     SENT,
     Executor,
-    poll_until,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import ReapOptions, plan_reap
 from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
@@ -161,36 +160,3 @@ def test_gone_before_the_signal():
     control = SimControl(kernel)
     del kernel.processes[62]
     assert control.send(plan.steps[0].target, signal.SIGTERM) == GONE
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-def test_poll_until_stops_as_soon_as_the_condition_holds():
-    fake = FakeTime()
-    assert poll_until(lambda: fake.now >= 0.2, 10, fake.clock, fake.sleep)
-    assert 0.2 <= fake.now < 0.3
-
-
-def test_poll_until_gives_up_at_the_deadline_without_oversleeping():
-    fake = FakeTime()
-    assert not poll_until(lambda: False, 1.01, fake.clock, fake.sleep)
-    assert abs(fake.now - 1.01) < 1e-9
-    assert max(fake.sleeps) <= 0.05 + 1e-9
-
-
-def test_poll_until_with_zero_timeout_looks_once():
-    fake = FakeTime()
-    calls = []
-    assert not poll_until(lambda: calls.append(1) or False, 0, fake.clock, fake.sleep)
-    assert calls == [1] and fake.sleeps == []
