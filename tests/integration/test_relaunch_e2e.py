@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import paramiko
 import pytest
 
 from tests.harness.fakepve_lxc import LxcContainer, ProcId, ProxmoxLab, proc_id, proxmox_lab
@@ -289,6 +290,32 @@ def test_check_mode_sends_no_post_and_starts_nothing(lab, pct_host, tmp_path):
     assert last(run, LAUNCH)["msg"] == "would start the job with backend supervisor"
     report = summary(run)
     assert report["relaunched"] is True and report["found"] == "needs_reboot" and report["job"]["pid"] is None
+
+
+@needs_sshd
+def test_the_test_sshd_serves_pct_exec_only_as_a_node_does(lab, pct_host):
+    """The way in the tests above rely on: `pct exec` reaches the container, the rest is refused."""
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(pct_host.home / ".ssh" / "known_hosts"))  # an unknown key fails the connect
+    client.connect("127.0.0.1", port=pct_host.port, username="root", key_filename=str(pct_host.client_key),
+                   look_for_keys=False, allow_agent=False, timeout=30)
+    try:
+        def run(command: str) -> tuple[int, str, str]:
+            _stdin, stdout, stderr = client.exec_command(command, timeout=60)
+            code = stdout.channel.recv_exit_status()
+            return code, stdout.read().decode(), stderr.read().decode()
+
+        code, out, _err = run(f"/usr/sbin/pct exec {VMID} -- /bin/sh -c 'hostname; echo \"$container\"'")
+        assert (code, out.split()) == (0, [HOSTNAME, "lxc"])
+        code, _out, err = run(f"/usr/sbin/pct stop {VMID}")
+        assert code != 0 and "only 'pct exec VMID -- CMD...' is implemented" in err
+        code, _out, err = run("/usr/sbin/pct exec 201 -- true")
+        assert code != 0 and "201.conf' does not exist" in err
+        code, _out, err = run("id")
+        assert code != 0 and "runs only /usr/sbin/pct commands" in err
+    finally:
+        client.close()
+    assert lab.container.starts == 1 and lab.server.requests() == []
 
 
 # ----------------------------------------------------- the lighter way in: community.docker.nsenter
