@@ -28,6 +28,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.nvml_query import 
     GpuDevice,
     GpuSource,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import (
     Process,
     ProcessTable,
@@ -150,13 +151,6 @@ class PidWatch:
         return still
 
 
-def wait_for_next_poll(until: float, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
-    """Block until the next poll is due (`until`, on the `clock`): the only pause in a wait loop."""
-    remaining = until - clock()
-    if remaining > 0:
-        sleep(remaining)
-
-
 @dataclass
 class WaitOutcome:
     """What a wait saw at its start and at its end, and why it ended."""
@@ -234,8 +228,7 @@ def wait_for_release(
     `source` None means "no GPU here": only the host and pid conditions are waited for.
     Raises ValueError when `wanted` names a GPU that is not there, GpuQueryError when a query fails.
     """
-    started = clock()
-    deadline = started + timeout
+    deadline = Deadline(timeout, clock, sleep)
     outcome = WaitOutcome()
     watch = PidWatch(condition.pids_gone, proc_root)
     outcome.host_available_before = host_available_bytes(proc_root)
@@ -263,10 +256,11 @@ def wait_for_release(
                 f"host MemAvailable {available / GIB:.1f} GiB, less than {condition.min_host_available_gib:g} GiB"
             )
         outcome.unmet = unmet
-        if not unmet or polled_at >= deadline:
+        # The poll that began at the deadline was the last look; polls keep a fixed cadence.
+        if not unmet or polled_at >= deadline.at:
             break
-        wait_for_next_poll(min(polled_at + poll_interval, deadline), clock, sleep)
-    outcome.waited_s = clock() - started
+        deadline.pause(poll_interval, since=polled_at)
+    outcome.waited_s = deadline.elapsed()
     outcome.released = not outcome.unmet
     outcome.host_available_after = host_available_bytes(proc_root)
     outcome.pids_remaining = [{"pid": p.pid, "comm": p.comm, "state": p.state} for p in watch.remaining()]

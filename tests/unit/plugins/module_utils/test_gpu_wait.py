@@ -24,6 +24,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.gpu_wait import (
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.nvml_query import MIB, GpuDevice, GpuProcess
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable
+from tests.harness.clock import FakeClock
 from tests.harness.fakeproc import FakeProc
 
 TOTAL = 80 * 1024 * MIB
@@ -53,19 +54,6 @@ class ScriptedSource:
 
     def close(self):
         pass
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(round(seconds, 6))
-        self.now += seconds
 
 
 @pytest.fixture
@@ -110,7 +98,7 @@ def test_host_available_from_meminfo(proc):
 
 
 def test_wait_polls_on_the_interval_until_released(proc):
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     source = ScriptedSource([[device(0, 40000), device(1, 9000)], [device(0, 40000)], [device(0, 20000)], [device(0, 4)]])
     outcome = wait_for_release(source, ["0"], ReleaseCondition(), timeout=10, poll_interval=0.5,
                                proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
@@ -124,7 +112,7 @@ def test_wait_polls_on_the_interval_until_released(proc):
 
 def test_wait_takes_a_last_look_at_the_deadline_then_describes_holders(proc):
     proc.add(77, "python3", state="S", ppid=1)
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     source = ScriptedSource([[device(0, 40000, pids=(77,))]])
     outcome = wait_for_release(source, [], ReleaseCondition(), timeout=1.2, poll_interval=0.5,
                                proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
@@ -138,7 +126,7 @@ def test_wait_takes_a_last_look_at_the_deadline_then_describes_holders(proc):
 
 
 def test_timeout_zero_takes_exactly_one_look(proc):
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     source = ScriptedSource([[device(0, 40000)]])
     outcome = wait_for_release(source, [], ReleaseCondition(), timeout=0, poll_interval=0.5,
                                proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
@@ -146,7 +134,7 @@ def test_timeout_zero_takes_exactly_one_look(proc):
 
 
 def test_no_gpu_source_still_waits_for_the_host_floor(proc):
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     outcome = wait_for_release(None, [], ReleaseCondition(min_host_available_gib=4), timeout=1, poll_interval=0.5,
                                proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
     assert not outcome.released
