@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Pattern
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import poll_until
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import (
     DeviceHolder,
     Process,
@@ -34,6 +35,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
 # wchan prefixes of the NVIDIA kernel modules (nvidia.ko's nv_*/os_*, nvidia-uvm's uvm_*).
 DEFAULT_DRIVER_WCHAN = r"^(uvm_|nv_|nvidia|os_|_nv)"
 VERDICTS = ("clean", "reapable", "needs_reboot", "needs_host_action")
+ORPHAN_POLL_INTERVAL = 0.1
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def assess(
     options: AssessmentOptions,
     proc_root: str = "/proc",
     clock: Callable[[], float] = time.monotonic,
-    wait: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Assessment:
     """Take one snapshot under `proc_root` and classify what it holds."""
     table = ProcessTable.scan(proc_root)
@@ -114,7 +116,7 @@ def assess(
         if why is not None:
             blocking[zombie.pid] = why
 
-    unreaped = _watch_orphans(table, blocking, options.orphan_grace, clock, wait)
+    unreaped = _watch_orphans(table, blocking, options.orphan_grace, clock, sleep)
     for entry in result.zombies:
         entry["unreaped_orphan"] = entry["pid"] in unreaped
     _decide(result, table, job, blocking, unreaped, holders, options)
@@ -188,7 +190,7 @@ def _watch_orphans(
     blocking: dict[int, str],
     grace: float,
     clock: Callable[[], float],
-    wait: Callable[[float], None],
+    sleep: Callable[[float], None],
 ) -> set[int]:
     """Plain zombies orphaned to PID 1 that are still there after `grace` seconds.
 
@@ -199,13 +201,13 @@ def _watch_orphans(
         pid for pid in blocking
         if table.processes[pid].ppid == NAMESPACE_INIT_PID and not table.processes[pid].live_threads
     }
-    deadline = clock() + grace
-    while waiting:
+
+    def all_reaped() -> bool:
+        nonlocal waiting
         waiting = {pid for pid in waiting if _still_zombie(table, pid)}
-        remaining = deadline - clock()
-        if not waiting or remaining <= 0:
-            break
-        wait(min(0.1, remaining))
+        return not waiting
+
+    poll_until(all_reaped, grace, ORPHAN_POLL_INTERVAL, clock, sleep)
     return waiting
 
 

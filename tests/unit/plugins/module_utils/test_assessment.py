@@ -15,28 +15,14 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import 
     assess,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import JobSelector
+from tests.harness.clock import FakeClock
 from tests.harness.fakeproc import FakeProc
 
 
-class FrozenClock:
-    """A clock that advances only when the code under test waits (no real sleeping)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.waits: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def wait(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
-
-
 def run(root, match=(), pids=(), **kwargs):
-    clock = FrozenClock()
+    clock = FakeClock()
     options = AssessmentOptions(selector=JobSelector.from_options(list(match), list(pids), True), **kwargs)
-    return assess(options, proc_root=str(root), clock=clock, wait=clock.wait), clock
+    return assess(options, proc_root=str(root), clock=clock, sleep=clock.sleep), clock
 
 
 @pytest.fixture(name="proc")
@@ -98,7 +84,7 @@ def test_unrelated_plain_zombie_does_not_block(proc):
     result, clock = run(proc.root, match=[r"train"])
     assert result.zombies[0]["blocking"] is False
     assert result.verdict == "clean"
-    assert clock.waits == []  # not orphaned to PID 1: nothing to watch
+    assert clock.sleeps == []  # not orphaned to PID 1: nothing to watch
 
     strict, _clock = run(proc.root, match=[r"train"], require_no_zombies=True)
     assert strict.verdict == "reapable"
@@ -115,15 +101,16 @@ def test_orphaned_zombie_that_init_never_reaps_needs_reboot(proc):
 
 def test_orphaned_zombie_reaped_during_grace_is_not_a_reboot(proc):
     proc.add(80, "python3", state="Z", ppid=1)
-    clock = FrozenClock()
+    clock = FakeClock()
 
-    def wait_and_reap(seconds: float) -> None:
-        clock.wait(seconds)
-        if clock.now >= 0.3:
-            (proc.root / "80" / "stat").unlink()
+    def init_reaps(now: float) -> None:
+        stat = proc.root / "80" / "stat"
+        if now >= 0.3 and stat.exists():
+            stat.unlink()
 
+    clock.on_sleep.append(init_reaps)
     options = AssessmentOptions(selector=JobSelector(), orphan_grace=5.0)
-    result = assess(options, proc_root=str(proc.root), clock=clock, wait=wait_and_reap)
+    result = assess(options, proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
     assert result.verdict == "reapable"  # it was there at the snapshot, and init took it
     assert result.zombies[0]["unreaped_orphan"] is False
     assert clock.now < 1.0
