@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline, poll_until
+
 MIB = 1024 * 1024
 
 # Error kinds, named after what the operator has to do about them.
@@ -228,6 +230,10 @@ def _detach_stdio(keep: set[int]) -> None:
                 pass
 
 
+# How often the ending query process is looked for: it is normally gone within milliseconds.
+CHILD_POLL_INTERVAL = 0.01
+
+
 class NvmlSession:
     """NVML in a child process: one initialisation, then queries, each answered within a deadline."""
 
@@ -296,15 +302,14 @@ class NvmlSession:
     def _receive(self, doing: str) -> dict[str, Any]:
         if self._replies is None:
             raise GpuQueryError(NVML_ERROR, f"no NVML query process while {doing}")
-        deadline = self.clock() + self.query_timeout
+        deadline = Deadline(self.query_timeout, self.clock)
         while b"\n" not in self._buffer:
-            remaining = deadline - self.clock()
-            if remaining <= 0:
+            if deadline.expired():
                 hung_pid = self.pid
                 left = self._end_child(grace=0.5, kill=True)
                 where = f"; the query process {hung_pid} did not end after SIGKILL (it is stuck in the kernel)" if left else ""
                 raise GpuQueryError(HUNG, f"{doing} took longer than query_timeout={self.query_timeout:g}s{where}")
-            readable = select.select([self._replies], [], [], remaining)[0]
+            readable = select.select([self._replies], [], [], deadline.remaining())[0]
             if not readable:
                 continue
             chunk = os.read(self._replies, 65536)
@@ -329,23 +334,18 @@ class NvmlSession:
         self._buffer = b""
         if pid is None:
             return False
+
+        def reaped() -> bool:
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
+
         if kill:
             os.kill(pid, signal.SIGKILL)
-        deadline = self.clock() + grace
-        while not os.waitpid(pid, os.WNOHANG)[0]:
-            if self.clock() >= deadline:
-                if kill:
-                    return True
-                os.kill(pid, signal.SIGKILL)
-                kill = True
-                deadline = self.clock() + grace
-            _pause(0.01)
-        return False
-
-
-def _pause(seconds: float) -> None:
-    """A short poll pause inside a deadline loop (never a fixed wait for a guessed condition)."""
-    select.select([], [], [], seconds)
+        if poll_until(reaped, grace, CHILD_POLL_INTERVAL, self.clock):
+            return False
+        if kill:
+            return True
+        os.kill(pid, signal.SIGKILL)
+        return not poll_until(reaped, grace, CHILD_POLL_INTERVAL, self.clock)
 
 
 def _device_from_dict(data: dict[str, Any]) -> GpuDevice:
@@ -441,7 +441,7 @@ class NvidiaSmiSession:
         self.clock = clock
 
     def query(self, indices: list[int] | None = None) -> list[GpuDevice]:
-        deadline = self.clock() + self.query_timeout
+        deadline = Deadline(self.query_timeout, self.clock)
         gpus = self._run(QUERY_GPU, deadline)
         apps = self._run(QUERY_APPS, deadline)
         devices = parse_nvidia_smi(gpus, apps)
@@ -450,7 +450,7 @@ class NvidiaSmiSession:
     def close(self) -> None:
         pass
 
-    def _run(self, arguments: list[str], deadline: float) -> str:
+    def _run(self, arguments: list[str], deadline: Deadline) -> str:
         try:
             proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [self.executable, *arguments],
@@ -461,7 +461,7 @@ class NvidiaSmiSession:
         except OSError as exc:
             raise GpuQueryError(NVML_ERROR, f"{self.executable}: {exc.strerror}") from exc
         try:
-            output = proc.communicate(timeout=max(0.0, deadline - self.clock()))[0]
+            output = proc.communicate(timeout=deadline.remaining())[0]
         except subprocess.TimeoutExpired as exc:
             proc.kill()
             try:
