@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.pidns import PidNamespace, process_starttime
-from tests.harness.procstates import SLEEPER, ZOMBIE_LEADER, Reaper, host_pid
+from tests.harness.procstates import ORPHAN, SLEEPER, ZOMBIE_LEADER, Reaper, host_pid
 
 SIMNVML_DIR = Path(__file__).resolve().parent / "simnvml"
 FAKE_NVIDIA_SMI_DIR = Path(__file__).resolve().parent / "fake_nvidia_smi"
@@ -37,30 +37,6 @@ STATE_ENV = "GPUOPS_SIMNVML_STATE"
 MIB = 1024 * 1024
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "total_mib": 81559, "reserved_mib": 527, "base_used_mib": 4}
-
-# A holder orphaned to its namespace's init: the middle process exits at once, so the holder's
-# parent becomes PID 1 of the namespace (which, being `sleep`, never reaps it).
-ORPHAN_HOLDER = r"""
-import os, sys, time
-r, w = os.pipe()
-middle = os.fork()
-if middle == 0:
-    holder = os.fork()
-    if holder == 0:
-        os.close(r)
-        os.write(w, str(os.getpid()).encode())
-        os.close(w)
-        while True:
-            time.sleep(3600)
-    os._exit(0)
-os.close(w)
-holder = int(os.read(r, 32))
-os.waitpid(middle, 0)
-print(f"parent={os.getpid()} holder={holder}", flush=True)
-while True:
-    time.sleep(3600)
-"""
-
 
 @dataclass
 class SimGpu:
@@ -163,8 +139,8 @@ def namespace_holder(
     reaper: Reaper, namespace: PidNamespace, gpu: SimGpu, mib: float, device: int = 0, **extra: Any,
 ) -> dict[str, Any]:
     """A holder inside `namespace`, orphaned to its init; registered by its host pid."""
-    fields = reaper.start(ORPHAN_HOLDER, runner=["nsenter", f"--target={namespace.init_pid}", "--pid", "--mount", "--"])
-    holder = reaper.record(host_pid(namespace.init_pid, int(fields["holder"])))
+    fields = reaper.start(ORPHAN, runner=["nsenter", f"--target={namespace.init_pid}", "--pid", "--mount", "--"])
+    holder = reaper.record(host_pid(namespace.init_pid, int(fields["orphan"])))
     return gpu.register(holder, mib, device, **extra)
 
 

@@ -28,89 +28,93 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 # stdout, then keep running. Pids printed inside a namespace are namespace pids; `host_pid`
 # translates with /proc/PID/status NSpid.
 
-PLAIN_ZOMBIE = r"""
+# What the maker scripts share: put first in each of them.
+MAKER_PRELUDE = r"""
 import os, sys, time
+def sleeper():
+    while True:
+        time.sleep(3600)
+def until_zombie(pid):
+    while open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z":
+        time.sleep(0.01)
+def orphan():
+    # A sleeper whose parent exits at once, so that it is orphaned to PID 1 of its namespace.
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        if os.fork() == 0:
+            os.close(r)
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            sleeper()
+        os._exit(0)
+    os.close(w)
+    pid = int(os.read(r, 32))
+    os.waitpid(middle, 0)
+    return pid
+"""
+
+PLAIN_ZOMBIE = MAKER_PRELUDE + r"""
 child = os.fork()
 if child == 0:
     os._exit(0)
 # The child is now a zombie: we never wait() for it.
-while open(f"/proc/{child}/stat").read().split(") ")[1][0] != "Z":
-    time.sleep(0.01)
+until_zombie(child)
 print(f"parent={os.getpid()} zombie={child}", flush=True)
-while True:
-    time.sleep(3600)
+sleeper()
 """
 
 # A zombie leader: a child whose main thread calls pthread_exit while another thread runs on
 # (optionally holding a file open), and whose parent never waits.
-ZOMBIE_LEADER = r"""
-import ctypes, os, sys, threading, time
+ZOMBIE_LEADER = MAKER_PRELUDE + r"""
+import ctypes, threading
 hold = sys.argv[1] if len(sys.argv) > 1 else ""  # further arguments only tag the command line
 r, w = os.pipe()
 child = os.fork()
 if child == 0:
     os.close(r)
     held = open(hold, "rb") if hold else None
-    def linger():
-        while True:
-            time.sleep(3600)
-    threading.Thread(target=linger, daemon=False, name="linger").start()
+    threading.Thread(target=sleeper, daemon=False, name="linger").start()
     os.write(w, b"x")
     # ctypes drops the GIL around the call, so the other thread keeps running.
     ctypes.CDLL(None).pthread_exit(None)
 os.close(w)
 os.read(r, 1)
-while open(f"/proc/{child}/stat").read().split(") ")[1][0] != "Z":
-    time.sleep(0.01)
+until_zombie(child)
 print(f"parent={os.getpid()} zombie={child}", flush=True)
-while True:
-    time.sleep(3600)
+sleeper()
 """
 
 # A stale training job: a parent running "train.py", worker children with grandchildren, one
 # worker that has already exited (a zombie, the parent is hung and never waits), and an orphan
 # that double-forked away from the tree.
-STALE_JOB = r"""
-import os, sys, time
-def sleeper():
-    while True:
-        time.sleep(3600)
+STALE_JOB = MAKER_PRELUDE + r"""
 workers = []
 for _ in range(2):
     pid = os.fork()
     if pid == 0:
-        grandchild = os.fork()
-        if grandchild == 0:
+        if os.fork() == 0:
             sleeper()
         sleeper()
     workers.append(pid)
 dead = os.fork()
 if dead == 0:
     os._exit(7)
-r, w = os.pipe()
-middle = os.fork()
-if middle == 0:
-    orphan = os.fork()
-    if orphan == 0:
-        os.close(r)
-        os.write(w, str(os.getpid()).encode())
-        os.close(w)
-        sleeper()
-    os._exit(0)
-os.close(w)
-orphan = int(os.read(r, 32))
-os.waitpid(middle, 0)
-while open(f"/proc/{dead}/stat").read().split(") ")[1][0] != "Z":
-    time.sleep(0.01)
-print(f"parent={os.getpid()} workers={','.join(map(str, workers))} zombie={dead} orphan={orphan}", flush=True)
+orphan_pid = orphan()
+until_zombie(dead)
+print(f"parent={os.getpid()} workers={','.join(map(str, workers))} zombie={dead} orphan={orphan_pid}", flush=True)
 sleeper()
 """
 
-SLEEPER = r"""
-import os, time
+# A process orphaned to its namespace's init (which, if it is `sleep`, never reaps it).
+ORPHAN = MAKER_PRELUDE + r"""
+print(f"parent={os.getpid()} orphan={orphan()}", flush=True)
+sleeper()
+"""
+
+SLEEPER = MAKER_PRELUDE + r"""
 print(f"pid={os.getpid()}", flush=True)
-while True:
-    time.sleep(3600)
+sleeper()
 """
 
 
