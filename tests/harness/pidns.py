@@ -27,13 +27,25 @@ from pathlib import Path
 NSENTER = "nsenter"
 
 
-def process_starttime(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (clock ticks since boot), or None if the pid is gone."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (the state first), or None if the pid is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def process_starttime(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot), or None if the pid is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+def parent_pid(pid: int) -> int | None:
+    """The ppid of `pid` as this /proc sees it, or None if the pid is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[1])
 
 
 def _children(pid: int) -> list[int]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tests.harness.pidns import process_starttime
+from tests.harness.pidns import process_starttime, stat_fields
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -144,11 +144,8 @@ def _in_namespace(pid: int, namespace_init: int) -> bool:
 
 def state_of(pid: int) -> str | None:
     """The one-letter state of `pid`, or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
+    fields = stat_fields(pid)
+    return None if fields is None else fields[0]
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:

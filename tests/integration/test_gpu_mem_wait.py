@@ -26,7 +26,7 @@ from tests.harness.gpu_holder import (
     sim_gpu,
     zombie_leader_holder,
 )
-from tests.harness.pidns import pid_namespace
+from tests.harness.pidns import parent_pid, pid_namespace
 from tests.harness.playbook import run_playbook
 from tests.harness.procstates import Reaper, state_of, wait_until
 
@@ -353,7 +353,7 @@ def test_query_stuck_in_the_kernel_is_left_behind_and_named(reaper: Reaper, gpu:
         def query_process() -> int | None:
             pids = set(processes_with_env(state))
             for pid in pids:
-                parent = _ppid(pid)
+                parent = parent_pid(pid)
                 if parent in pids and _cmdline(pid) == _cmdline(parent) and b"AnsiballZ" in _cmdline(pid):
                     return pid
             return None
@@ -371,14 +371,6 @@ def test_query_stuck_in_the_kernel_is_left_behind_and_named(reaper: Reaper, gpu:
     assert f"the query process {stuck} did not end after SIGKILL" in result["msg"]
     # The play came back although the stuck process still exists (it holds none of the module's pipes).
     assert state_of(stuck) == "D"
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def _cmdline(pid: int | None) -> bytes:

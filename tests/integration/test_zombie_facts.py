@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.harness.pidns import pid_namespace
+from tests.harness.pidns import parent_pid, pid_namespace
 from tests.harness.playbook import run_playbook
 from tests.harness.procstates import (
     PLAIN_ZOMBIE,
@@ -155,7 +155,7 @@ def test_orphan_zombies_under_a_never_reaping_namespace_init(reaper, tag, tmp_pa
         parent_host = reaper.record(host_pid(namespace.init_pid, int(made["parent"])))
         reaper.kill(parent_host)
         # The zombie is handed to the namespace's init (`sleep`), which never reaps it.
-        wait_until(lambda: _ppid(zombie_host) == namespace.init_pid, what="the zombie to be orphaned to the init")
+        wait_until(lambda: parent_pid(zombie_host) == namespace.init_pid, what="the zombie to be orphaned to the init")
 
         inventory = namespace.write_inventory(tmp_path / "inventory")
         facts = gather(inventory, {"match": [tag], "orphan_grace": 1.0})
@@ -173,7 +173,7 @@ def test_orphan_zombie_reaped_by_host_init_is_not_a_reboot(reaper, tag, local_in
     made = reaper.start(PLAIN_ZOMBIE, tag)
     zombie, parent = int(made["zombie"]), int(made["parent"])
     reaper.kill(parent)
-    wait_until(lambda: state_of(parent) in (None, "Z") and _ppid(zombie) != parent, what="the parent to die")
+    wait_until(lambda: state_of(parent) in (None, "Z") and parent_pid(zombie) != parent, what="the parent to die")
     # PID 1 of this machine reaps orphans, if about 1.5 s late: the module watches, not guesses.
     facts = gather(local_inventory, {"match": [tag], "orphan_grace": 10})
     assert facts["verdict"] != "needs_reboot"
@@ -196,12 +196,3 @@ def test_bad_input_fails_clearly(local_inventory, args, message):
     assert result["failed"] is True
     assert message in result["msg"]
     assert "Traceback" not in result.get("module_stderr", "") and "Traceback" not in result["msg"]
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])

@@ -24,6 +24,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.nvml_query import 
     parse_nvidia_smi,
 )
 from tests.harness.gpu_holder import SIMNVML_DIR, sim_gpu
+from tests.harness.pidns import process_starttime
 
 GPUS_CSV = """0, GPU-5c3b1b8e-1d2f-4a7b-9e0c-2b1d1f3a4c5d, 81559, 40963, NVIDIA H100 80GB HBM3
 1, GPU-0f6e3b2a-9c8d-4e7f-a1b2-c3d4e5f6a7b8, 81559, 4, NVIDIA H100 80GB HBM3
@@ -93,7 +94,7 @@ def test_no_gpu_kinds():
 
 
 def test_session_reads_the_simulated_driver_in_a_child(simulated_bindings):
-    simulated_bindings.holders.append({"pid": os.getpid(), "starttime": _starttime(os.getpid()), "device": 1,
+    simulated_bindings.holders.append({"pid": os.getpid(), "starttime": process_starttime(os.getpid()), "device": 1,
                                        "bytes": 2048 * MIB})
     simulated_bindings.save()
     session = NvmlSession(query_timeout=10)
@@ -199,11 +200,6 @@ def _load_simulated():
     finally:
         del sys.modules["simulated_pynvml"]
     return module
-
-
-def _starttime(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
 def test_module_constants_are_the_nvml_codes(real_bindings):
