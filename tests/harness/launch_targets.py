@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,15 +146,6 @@ class Target:
                     pass
 
 
-def wait_for(condition, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not hold within {timeout}s")
-        time.sleep(interval)
 
 
 def playbook_popen(target: Target, tasks: list[dict], out: Path) -> subprocess.Popen:

@@ -13,11 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 
 from tests.harness.pidns import process_starttime, stat_fields
 
@@ -148,13 +149,12 @@ def state_of(pid: int) -> str | None:
     return None if fields is None else fields[0]
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll `condition` until it holds; fail the test naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+def wait_until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition", interval: float = 0.05) -> Any:
+    """Poll `condition` until it returns something true, and return that; fail the test naming `what` at the deadline."""
+    found = Deadline(timeout).poll_for(lambda: condition() or None, interval)
+    if found is None:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return found
 
 
 @dataclass

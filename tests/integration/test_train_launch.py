@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.launch_targets import PYTHON, Target, playbook_popen, wait_for
+from tests.harness.launch_targets import PYTHON, Target, playbook_popen
 from tests.harness.pidns import pid_namespace
+from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +72,9 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
     hang = {"name": "hold the session open", "ansible.builtin.command": "sleep 300"}
     launcher = playbook_popen(target, [start, hang], tmp_path / "launcher.out")
     try:
-        run = wait_for(lambda: target.read_state("job", "run.json"), what="run.json")
-        wait_for(lambda: "step 1 " in Path(target.log()).read_text(), what="the ready line")
-        wait_for(lambda: "sleep 300" in (tmp_path / "launcher.out").read_text() or
+        run = wait_until(lambda: target.read_state("job", "run.json"), what="run.json")
+        wait_until(lambda: "step 1 " in Path(target.log()).read_text(), what="the ready line")
+        wait_until(lambda: "sleep 300" in (tmp_path / "launcher.out").read_text() or
                  "hold the session open" in (tmp_path / "launcher.out").read_text(), what="the hanging task")
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
@@ -83,9 +84,9 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
 
     # The orphaned workers end after 1 s; the supervisor (their subreaper) reaps them: no zombie,
     # even in the namespace whose init never reaps.
-    workers = [int(line) for line in wait_for(lambda: worker_pids.read_text().split(), what="worker pids")]
+    workers = [int(line) for line in wait_until(lambda: worker_pids.read_text().split(), what="worker pids")]
     assert len(workers) == 2
-    wait_for(lambda: not set(workers) & set(target.processes()), what="workers reaped")
+    wait_until(lambda: not set(workers) & set(target.processes()), what="workers reaped")
     if target.namespace is not None:
         zombies = [proc for proc in target.processes().values() if proc.zombie]
         assert zombies == [], zombies
@@ -196,7 +197,7 @@ def test_stop_escalates_to_sigkill_and_ends_escaped_workers(local: Target, tmp_p
     start = local.launch_task(command=local.demo(
         "--ignore-term", "--workers", "1", "--worker-seconds", "300", "--worker-setsid", "--pid-file", str(pids)))
     started = local.play([start]).result("launch")
-    worker = int(wait_for(lambda: pids.read_text().split(), what="worker pid")[0])
+    worker = int(wait_until(lambda: pids.read_text().split(), what="worker pid")[0])
     table = local.processes()
     assert table[worker].pgid != started["pgid"]  # it left the job's group ...
     assert table[worker].ppid == started["supervisor_pid"]  # ... but the subreaper adopted it

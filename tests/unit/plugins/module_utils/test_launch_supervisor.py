@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,9 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor 
     spawn_detached,
     write_json_atomic,
 )
+from tests.harness.procstates import wait_until
 
 DEMO = str(Path(__file__).resolve().parents[4] / "playbooks" / "files" / "demo_train.py")
-
-
-def wait_for(condition, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition did not hold in time"
-        time.sleep(0.02)
 
 
 def children_of(pid: int) -> list[int]:
@@ -63,15 +56,15 @@ def test_supervisor_reaps_orphans_forwards_sigterm_and_records_the_exit(job_dir,
     supervisor = launch(job_dir, [sys.executable, DEMO, "--workers", "2", "--worker-seconds", "0.5",
                                   "--pid-file", str(pids)], log)
     try:
-        wait_for((job_dir / "run.json").exists)
+        wait_until((job_dir / "run.json").exists)
         run = read_json(str(job_dir / "run.json"))
         assert run["supervisor_pid"] == supervisor.pid and run["pgid"] == run["pid"] and run["run_id"] == "r1"
         assert os.getpgid(run["pid"]) == run["pid"]  # the job leads a group of its own
-        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+        wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2)
         workers = [int(p) for p in pids.read_text().split()]
         # Orphaned at once, the workers are adopted by the supervisor (subreaper), then reaped by it.
         assert set(workers) <= set(children_of(supervisor.pid)) | {w for w in workers if not Path(f"/proc/{w}").exists()}
-        wait_for(lambda: not any(Path(f"/proc/{w}").exists() for w in workers))
+        wait_until(lambda: not any(Path(f"/proc/{w}").exists() for w in workers))
         assert not (job_dir / "exit.json").exists()
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(timeout=30) == 0
@@ -99,7 +92,7 @@ def test_supervisor_lingers_where_nothing_reaps_it_and_takes_the_next_run(job_di
     log = tmp_path / "train.log"
     supervisor = launch(job_dir, [sys.executable, DEMO, "--exit-after", "0", "--exit-code", "3"], log, linger="always")
     try:
-        wait_for((job_dir / "idle.json").exists)
+        wait_until((job_dir / "idle.json").exists)
         idle = read_json(str(job_dir / "idle.json"))
         assert idle["supervisor_pid"] == supervisor.pid and idle["last_run_id"] == "r1"
         assert supervisor.poll() is None and read_json(str(job_dir / "exit.json"))["exit_code"] == 3
@@ -108,12 +101,12 @@ def test_supervisor_lingers_where_nothing_reaps_it_and_takes_the_next_run(job_di
             "run_id": "r2", "argv": [sys.executable, DEMO, "--exit-after", "0", "--exit-code", "4"],
             "env": {"PATH": os.environ["PATH"]}, "chdir": str(job_dir), "log_path": str(log)})
         supervisor.send_signal(signal.SIGUSR1)
-        wait_for(lambda: (read_json(str(job_dir / "exit.json")) or {}).get("run_id") == "r2")
+        wait_until(lambda: (read_json(str(job_dir / "exit.json")) or {}).get("run_id") == "r2")
         assert read_json(str(job_dir / "exit.json"))["exit_code"] == 4
         assert "exiting with code 4" in log.read_text()  # the new run writes to the new log
         assert "exiting with code 4" not in Path(str(log) + ".1").read_text()
         assert read_json(str(job_dir / "run.json"))["supervisor_pid"] == supervisor.pid
-        wait_for(lambda: (read_json(str(job_dir / "idle.json")) or {}).get("last_run_id") == "r2")
+        wait_until(lambda: (read_json(str(job_dir / "idle.json")) or {}).get("last_run_id") == "r2")
         supervisor.send_signal(signal.SIGTERM)  # idle: told to end, it ends
         assert supervisor.wait(timeout=30) == 0
         assert not (job_dir / "idle.json").exists()
@@ -157,8 +150,8 @@ def test_spawn_detached_leaves_the_session_and_closes_fds(tmp_path) -> None:
         spawn_detached([sys.executable, "-c", code, str(report)], str(log))
     finally:
         os.close(keep_open)
-    wait_for(lambda: report.exists() and report.stat().st_size > 0)
-    wait_for(lambda: read_json(str(report)) is not None)
+    wait_until(lambda: report.exists() and report.stat().st_size > 0)
+    wait_until(lambda: read_json(str(report)) is not None)
     seen = read_json(str(report))
     # A session of its own (setsid in the first child), but not its leader (second fork), so it
     # can never acquire a controlling terminal.
@@ -166,7 +159,7 @@ def test_spawn_detached_leaves_the_session_and_closes_fds(tmp_path) -> None:
     assert seen["stdin"] == "/dev/null" and seen["cwd"] == "/"
     assert seen["ppid"] != os.getpid()  # the intermediate child exited: we are not its parent
     assert set(seen["fds"]) <= {"0", "1", "2", "3"}  # 3: the listing's own directory fd
-    wait_for(lambda: "hello" in log.read_text())
+    wait_until(lambda: "hello" in log.read_text())
 
 
 def test_atomic_write_and_read(tmp_path) -> None:
