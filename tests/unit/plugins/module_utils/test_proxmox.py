@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
@@ -23,19 +21,9 @@ FAST = RetryPolicy(attempts=3, first_delay=0.01, factor=2, max_delay=0.05)
 REBOOT = "nodes/pve1/lxc/200/status/reboot"
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
 @pytest.fixture
-def server(pki) -> Iterator[FakePveServer]:
-    served = FakePveServer(pki)
-    served.call(served.pve.add_ct, 200, "gpu-train-01", status="running")
-    try:
-        yield served
-    finally:
-        served.stop()
+def pve_time_scale() -> float:
+    return 0.0  # fakepve's tasks take no time: these tests are about the client, not the tasks
 
 
 def connect(server: FakePveServer, **overrides) -> ProxmoxConnection:

@@ -6,8 +6,6 @@ tests/integration/test_proxmox_ct_reboot.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
@@ -24,7 +22,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_ct_power i
     find_node,
     plan_actions,
 )
-from tests.harness.fakepve_lxc import FakePveServer, make_pki
 
 FAST = RetryPolicy(attempts=4, first_delay=0.2, factor=2, max_delay=1.0)
 
@@ -84,21 +81,6 @@ def test_restart_is_seen_in_a_new_init_pid_or_else_in_the_uptime():
 
 
 # ----------------------------------------------------------------------------- against a server
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture
-def server(pki) -> Iterator[FakePveServer]:
-    served = FakePveServer(pki, time_scale=0.01)
-    served.call(served.pve.add_ct, 200, "gpu-train-01", status="running")
-    try:
-        yield served
-    finally:
-        served.stop()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,7 +22,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_tasks impo
     wait_for_task,
 )
 from tests.harness.clock import FakeClock
-from tests.harness.fakepve_lxc import FakePveServer, make_pki
 
 FAST = RetryPolicy(attempts=3, first_delay=0.01, max_delay=0.05)
 
@@ -71,21 +69,6 @@ def test_poll_returns_as_soon_as_the_condition_holds():
 
 
 # ----------------------------------------------------------------------------- against a server
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture
-def server(pki) -> Iterator[FakePveServer]:
-    served = FakePveServer(pki, time_scale=0.01)
-    served.call(served.pve.add_ct, 200, "gpu-train-01", status="running")
-    try:
-        yield served
-    finally:
-        served.stop()
 
 
 @pytest.fixture
