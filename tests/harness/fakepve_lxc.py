@@ -55,7 +55,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fakepve import FakeCt, FakePve, TaskError
 
-from tests.harness.pidns import process_starttime
+from tests.harness.pidns import nsenter_inventory, nsenter_vars, process_starttime
 from tests.harness.procstates import host_pid, state_of, wait_until
 
 LXC_TIMEOUT = 30
@@ -349,13 +349,7 @@ class LxcContainer:
     def nsenter_host_vars(self) -> dict[str, str]:
         """Host vars that reach inside with community.docker.nsenter, looking the init pid up afresh at
         every connection (lxc-info), so they keep working across reboots. For a YAML/JSON inventory."""
-        init_pid = "{{ lookup('ansible.builtin.pipe', 'lxc-info -P " + self.lxcpath + " -n " + self.name + " -pH') }}"
-        return {
-            "ansible_connection": "community.docker.nsenter",
-            "ansible_host": init_pid,
-            "ansible_nsenter_pid": init_pid,
-            "ansible_python_interpreter": "/usr/bin/python3",
-        }
+        return nsenter_vars("{{ lookup('ansible.builtin.pipe', 'lxc-info -P " + self.lxcpath + " -n " + self.name + " -pH') }}")
 
     def inventory(self, host: str = "ct") -> str:
         """An INI inventory line that makes Ansible run tasks inside (community.docker.nsenter).
@@ -365,10 +359,7 @@ class LxcContainer:
         pid = self.init_pid
         if pid is None:
             raise ContainerError(f"container {self.name} is not running")
-        return (
-            f"{host} ansible_connection=community.docker.nsenter ansible_host={pid} "
-            f"ansible_nsenter_pid={pid} ansible_python_interpreter=/usr/bin/python3\n"
-        )
+        return nsenter_inventory(pid, host)
 
 
 # ------------------------------------------------------------------------------------- the bridge

@@ -73,8 +73,39 @@ def run_inside(init_pid: int, argv: list[str], **kwargs) -> subprocess.Completed
     return subprocess.run(cmd, **kwargs)  # pylint: disable=subprocess-run-check
 
 
+def nsenter_vars(init_pid: int | str) -> dict[str, str]:
+    """Host vars that make Ansible run a host's tasks inside the namespaces of `init_pid` (a host pid,
+    or a template that gives one) with the community.docker.nsenter connection."""
+    return {
+        "ansible_connection": "community.docker.nsenter",
+        "ansible_host": str(init_pid),
+        "ansible_nsenter_pid": str(init_pid),
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+
+
+def nsenter_inventory(init_pid: int, host: str = "ct") -> str:
+    """:func:`nsenter_vars` as an INI inventory line for `host`."""
+    return host + "".join(f" {name}={value}" for name, value in nsenter_vars(init_pid).items()) + "\n"
+
+
+class NsenterTarget:
+    """Something Ansible reaches through the host pid of its init: a PID namespace, a container."""
+
+    init_pid: int
+
+    def inventory(self, host: str = "ct") -> str:
+        """An INI inventory line that makes Ansible run tasks inside; good while this init runs."""
+        return nsenter_inventory(self.init_pid, host)
+
+    def write_inventory(self, path: str | os.PathLike, host: str = "ct") -> str:
+        """Write :meth:`inventory` to `path` and return the path as a string (for -i)."""
+        Path(path).write_text(self.inventory(host), encoding="utf-8")
+        return str(path)
+
+
 @dataclass
-class PidNamespace:
+class PidNamespace(NsenterTarget):
     """A running PID namespace, known by its init's host pid and start time."""
 
     init_pid: int
@@ -94,22 +125,6 @@ class PidNamespace:
             found.append(pid)
             pending.extend(_children(pid))
         return found
-
-    def inventory(self, host: str = "ct") -> str:
-        """An INI inventory line that makes Ansible run tasks inside this namespace.
-
-        Use it with a file path: write it to a file, or pass the returned text through
-        :func:`write_inventory`.
-        """
-        return (
-            f"{host} ansible_connection=community.docker.nsenter ansible_host={self.init_pid} "
-            f"ansible_nsenter_pid={self.init_pid} ansible_python_interpreter=/usr/bin/python3\n"
-        )
-
-    def write_inventory(self, path: str | os.PathLike, host: str = "ct") -> str:
-        """Write :meth:`inventory` to `path` and return the path as a string (for -i)."""
-        Path(path).write_text(self.inventory(host), encoding="utf-8")
-        return str(path)
 
     def alive(self) -> bool:
         return process_starttime(self.init_pid) == self.init_starttime

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.harness.pidns import NsenterTarget
 from tests.harness.playbook import REPO
 
 ROOTFS = REPO / ".build" / "systemd-rootfs"
@@ -98,7 +99,7 @@ lxc.apparmor.profile = unconfined
 
 
 @dataclass
-class SystemdContainer:
+class SystemdContainer(NsenterTarget):
     name: str
     lxcpath: Path
     rootfs: Path
@@ -116,15 +117,6 @@ class SystemdContainer:
         """The host path of a path inside the container."""
         return self.rootfs / inside.lstrip("/")
 
-    def inventory(self, host: str = "ct") -> str:
-        return (
-            f"{host} ansible_connection=community.docker.nsenter ansible_nsenter_pid={self.init_pid} "
-            f"ansible_host={self.init_pid} ansible_python_interpreter=/usr/bin/python3\n"
-        )
-
-    def write_inventory(self, path: str | os.PathLike, host: str = "ct") -> str:
-        Path(path).write_text(self.inventory(host), encoding="utf-8")
-        return str(path)
 
 
 def _lxc(*args: str, lxcpath: Path, timeout: float = 60) -> subprocess.CompletedProcess:
