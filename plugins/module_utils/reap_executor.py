@@ -97,18 +97,7 @@ class ProcessControl:
                 if not _pidfd_unsupported(exc):
                     raise
                 self.use_pidfd = False
-        now = self.look(target.pid)
-        if now is None:
-            return GONE
-        if now.starttime != target.starttime:
-            return RECYCLED
-        try:
-            self._kill(target.pid, sig)
-        except ProcessLookupError:
-            return GONE
-        except PermissionError:
-            return DENIED
-        return SENT
+        return self._deliver_to_same(target, lambda: self._kill(target.pid, sig))
 
     def _send_by_pidfd(self, target: Identity, sig: signal.Signals) -> str:
         try:
@@ -118,20 +107,24 @@ class ProcessControl:
         try:
             # The handle pins one process; checking the start time after opening it proves it is
             # the one the plan saw (a reused pid shows another start time and is left alone).
-            now = self.look(target.pid)
-            if now is None:
-                return GONE
-            if now.starttime != target.starttime:
-                return RECYCLED
-            try:
-                self._signal_handle(handle, sig)
-            except ProcessLookupError:
-                return GONE
-            except PermissionError:
-                return DENIED
-            return SENT
+            return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig))
         finally:
             self._close(handle)
+
+    def _deliver_to_same(self, target: Identity, deliver: Callable[[], None]) -> str:
+        """`deliver()` the signal if `target.pid` still has the start time the plan saw."""
+        now = self.look(target.pid)
+        if now is None:
+            return GONE
+        if now.starttime != target.starttime:
+            return RECYCLED
+        try:
+            deliver()
+        except ProcessLookupError:
+            return GONE
+        except PermissionError:
+            return DENIED
+        return SENT
 
     # The kernel primitives, one method each so that a simulated kernel can stand in for them.
     def _open(self, pid: int) -> Any:
