@@ -6,6 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
+    ProxmoxClient,
+    ProxmoxConnection,
+    RetryPolicy,
+)
 from tests.harness.fakepve_lxc import FakePveServer, Pki, make_pki
 
 
@@ -29,3 +34,17 @@ def server(pki: Pki, pve_time_scale: float) -> Iterator[FakePveServer]:
         yield served
     finally:
         served.stop()
+
+
+@pytest.fixture
+def pve_retry() -> RetryPolicy:
+    """How `api` retries: quickly, so that a failure shows at once; a test module may override it."""
+    return RetryPolicy(attempts=3, first_delay=0.01, max_delay=0.05)
+
+
+@pytest.fixture
+def api(server: FakePveServer, pve_retry: RetryPolicy) -> ProxmoxClient:
+    """A client of `server` that logs in with a ticket and checks its certificate."""
+    conn = ProxmoxConnection(host=server.host, port=server.port, user="root@pam", password=server.password,
+                             ca_path=server.pki.ca_path, timeout=2)
+    return ProxmoxClient(conn, retry=pve_retry)

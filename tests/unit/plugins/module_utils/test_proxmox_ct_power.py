@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
-    ProxmoxClient,
-    ProxmoxConnection,
-    ProxmoxError,
-    RetryPolicy,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import ProxmoxError, RetryPolicy
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_ct_power import (
     CtRebooter,
     CtRebootRefused,
@@ -22,9 +17,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_ct_power i
     find_node,
     plan_actions,
 )
-
-FAST = RetryPolicy(attempts=4, first_delay=0.2, factor=2, max_delay=1.0)
-
 
 # ------------------------------------------------------------------------------- pure parts
 
@@ -84,10 +76,8 @@ def test_restart_is_seen_in_a_new_init_pid_or_else_in_the_uptime():
 
 
 @pytest.fixture
-def api(server) -> ProxmoxClient:
-    conn = ProxmoxConnection(host=server.host, port=server.port, user="root@pam", password=server.password,
-                             ca_path=server.pki.ca_path, timeout=2)
-    return ProxmoxClient(conn, retry=FAST)
+def pve_retry() -> RetryPolicy:
+    return RetryPolicy(attempts=4, first_delay=0.2, factor=2, max_delay=1.0)
 
 
 def test_find_node_names_what_is_wrong(api, server):

@@ -7,11 +7,6 @@ import asyncio
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
-from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
-    ProxmoxClient,
-    ProxmoxConnection,
-    RetryPolicy,
-)
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_tasks import (
     TaskFailed,
     TaskTimeout,
@@ -22,9 +17,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_tasks impo
     wait_for_task,
 )
 from tests.harness.clock import FakeClock
-
-FAST = RetryPolicy(attempts=3, first_delay=0.01, max_delay=0.05)
-
 
 # ------------------------------------------------------------------------------- pure parts
 
@@ -69,13 +61,6 @@ def test_poll_returns_as_soon_as_the_condition_holds():
 
 
 # ----------------------------------------------------------------------------- against a server
-
-
-@pytest.fixture
-def api(server) -> ProxmoxClient:
-    conn = ProxmoxConnection(host=server.host, port=server.port, user="root@pam", password=server.password,
-                             ca_path=server.pki.ca_path, timeout=2)
-    return ProxmoxClient(conn, retry=FAST)
 
 
 def test_successful_task_is_followed_to_its_end(api, server):
