@@ -67,15 +67,11 @@ DRAIN = "gpuops.relaunch.gpu_drain : Wait until the GPUs are released"
 
 
 def install_demo_files(container: LxcContainer) -> None:
-    """Put the demo job where the container sees it, and the job's log directory."""
+    """Put the demo job where the container sees it (its log directory is left to the relaunch)."""
     target = container.rootfs / IN_CT_FILES.lstrip("/")
     target.mkdir(parents=True, exist_ok=True)
     for name in ("demo_train.py", "demo_stale_run.py"):
         shutil.copy2(DEMO_FILES / name, target / name)
-    # KNOWN ISSUE (train_launch): its check mode fails while the log directory does not exist,
-    # which breaks the relaunch's check-mode probe on a fresh host. Until train_launch is fixed,
-    # the directory exists from the start.
-    (container.rootfs / IN_CT_LOG_DIR.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture
@@ -286,7 +282,7 @@ def test_check_mode_sends_no_post_and_starts_nothing(lab, pct_host, tmp_path):
     assert lab.container.starts == 1
     assert set(lab.container.processes()) == before
     assert all(lab.container.exists(ident) for ident in stale.all())
-    assert not (lab.container.rootfs / IN_CT_LOG.lstrip("/")).exists()
+    assert not (lab.container.rootfs / IN_CT_LOG_DIR.lstrip("/")).exists()  # not even the log directory
     assert last(run, LAUNCH)["msg"] == "would start the job with backend supervisor"
     report = summary(run)
     assert report["relaunched"] is True and report["found"] == "needs_reboot" and report["job"]["pid"] is None
