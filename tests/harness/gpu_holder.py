@@ -38,6 +38,7 @@ MIB = 1024 * 1024
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "total_mib": 81559, "reserved_mib": 527, "base_used_mib": 4}
 
+
 @dataclass
 class SimGpu:
     """One simulated driver: devices, registered holders, faults, in a JSON state file."""

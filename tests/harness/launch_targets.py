@@ -146,8 +146,6 @@ class Target:
                     pass
 
 
-
-
 def playbook_popen(target: Target, tasks: list[dict], out: Path) -> subprocess.Popen:
     """ansible-playbook in a session of its own (so the test can kill that whole session)."""
     play = out.with_suffix(".yml")

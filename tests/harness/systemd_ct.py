@@ -118,7 +118,6 @@ class SystemdContainer(NsenterTarget):
         return self.rootfs / inside.lstrip("/")
 
 
-
 def _lxc(*args: str, lxcpath: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([args[0], "-P", str(lxcpath), *args[1:]], capture_output=True, text=True,
                           timeout=timeout, check=False)
