@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,24 +23,8 @@ from tests.harness.procstates import wait_until
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["localhost", "pidns"])
-def target(request, tmp_path):
-    inventory = tmp_path / "inventory"
-    if request.param == "localhost":
-        inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n")
-        where = Target("localhost", str(inventory), tmp_path)
-        try:
-            yield where
-        finally:
-            where.clean_up()
-        return
-    with pid_namespace() as namespace:
-        namespace.write_inventory(inventory)
-        yield Target("pidns", str(inventory), tmp_path, namespace)
-
-
-@pytest.fixture
-def local(tmp_path):
+@contextmanager
+def on_localhost(tmp_path: Path) -> Iterator[Target]:
     inventory = tmp_path / "inventory"
     inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n")
     where = Target("localhost", str(inventory), tmp_path)
@@ -46,6 +32,24 @@ def local(tmp_path):
         yield where
     finally:
         where.clean_up()
+
+
+@pytest.fixture(params=["localhost", "pidns"])
+def target(request, tmp_path):
+    if request.param == "localhost":
+        with on_localhost(tmp_path) as where:
+            yield where
+        return
+    inventory = tmp_path / "inventory"
+    with pid_namespace() as namespace:
+        namespace.write_inventory(inventory)
+        yield Target("pidns", str(inventory), tmp_path, namespace)
+
+
+@pytest.fixture
+def local(tmp_path):
+    with on_localhost(tmp_path) as where:
+        yield where
 
 
 def job_processes(target: Target, result: dict) -> dict:
@@ -75,7 +79,7 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
         run = wait_until(lambda: target.read_state("job", "run.json"), what="run.json")
         wait_until(lambda: "step 1 " in Path(target.log()).read_text(), what="the ready line")
         wait_until(lambda: "sleep 300" in (tmp_path / "launcher.out").read_text() or
-                 "hold the session open" in (tmp_path / "launcher.out").read_text(), what="the hanging task")
+                   "hold the session open" in (tmp_path / "launcher.out").read_text(), what="the hanging task")
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=60)
