@@ -21,12 +21,13 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 
 from tests.harness.pidns import PidNamespace, process_starttime
 from tests.harness.procstates import ORPHAN, SLEEPER, ZOMBIE_LEADER, Reaper, host_pid
@@ -158,10 +159,9 @@ def host_proc_view() -> Iterator[str]:
     try:
         yield path
     finally:
-        deadline = time.monotonic() + 10
-        while subprocess.run(["umount", path], check=False, capture_output=True).returncode != 0:
-            if time.monotonic() > deadline:
-                subprocess.run(["umount", "-l", path], check=False, capture_output=True)
-                break
-            time.sleep(0.1)
+        def unmounted() -> bool:
+            return subprocess.run(["umount", path], check=False, capture_output=True).returncode == 0
+
+        if not Deadline(10).poll(unmounted):
+            subprocess.run(["umount", "-l", path], check=False, capture_output=True)
         os.rmdir(path)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 
 NSENTER = "nsenter"
 
@@ -152,8 +153,8 @@ def start_pid_namespace(init_argv: list[str] | None = None, timeout: float = 30)
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def started() -> PidNamespace | None:
         children = _children(unshare.pid)
         if children:
             init_pid = children[0]
@@ -163,7 +164,11 @@ def start_pid_namespace(init_argv: list[str] | None = None, timeout: float = 30)
                 return PidNamespace(init_pid=init_pid, init_starttime=starttime, unshare=unshare)
         if unshare.poll() is not None:
             raise RuntimeError(f"unshare exited with {unshare.returncode} before its init appeared")
-        time.sleep(0.02)
+        return None
+
+    namespace = Deadline(timeout).poll_for(started, 0.02)
+    if namespace is not None:
+        return namespace
     unshare.kill()
     unshare.wait(timeout=30)
     raise RuntimeError("the PID namespace init did not appear within the deadline")

@@ -20,13 +20,13 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from tests.harness.pidns import NsenterTarget
 from tests.harness.playbook import REPO
 
@@ -135,24 +135,24 @@ def systemd_container(rootfs: Path | None = None, boot_timeout: float = 60) -> I
     try:
         if started.returncode != 0:
             raise RuntimeError(f"lxc-start failed: {started.stderr}\n{(lxcpath / 'lxc.log').read_text()}")
-        deadline = time.monotonic() + boot_timeout
-        init_pid = 0
-        while not init_pid:
+        deadline = Deadline(boot_timeout)
+
+        def init_pid() -> int | None:
             out = _lxc("lxc-info", "-n", name, "-pH", lxcpath=lxcpath).stdout.strip()
-            init_pid = int(out) if out.isdigit() else 0
-            if not init_pid:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the container's init pid did not appear")
-                time.sleep(0.05)
-        container = SystemdContainer(name, lxcpath, rootfs, init_pid)
-        state = ""
-        while True:
-            state = container.run_inside(["systemctl", "is-system-running"], timeout=30).stdout.strip()
-            if state in ("running", "degraded"):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"systemd did not finish booting: {state!r}")
-            time.sleep(0.1)
+            return int(out) if out.isdigit() and int(out) else None
+
+        pid = deadline.poll_for(init_pid, 0.05)
+        if pid is None:
+            raise RuntimeError("the container's init pid did not appear")
+        container = SystemdContainer(name, lxcpath, rootfs, pid)
+        states = [""]
+
+        def booted() -> bool:
+            states.append(container.run_inside(["systemctl", "is-system-running"], timeout=30).stdout.strip())
+            return states[-1] in ("running", "degraded")
+
+        if not deadline.poll(booted, 0.1):
+            raise RuntimeError(f"systemd did not finish booting: {states[-1]!r}")
         yield container
     finally:
         _lxc("lxc-stop", "-n", name, "-k", lxcpath=lxcpath)
