@@ -9,7 +9,7 @@ The clock and the sleep are parameters, so tests drive them without sleeping for
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -56,7 +56,7 @@ class Deadline:
         other.at = min(other.at, self.at)
         return other
 
-    def pause(self, interval: float = DEFAULT_INTERVAL, since: Optional[float] = None) -> None:
+    def pause(self, interval: float = DEFAULT_INTERVAL, since: float | None = None) -> None:
         """Sleep until the next poll is due: `interval` after `since` (default: now), never past the deadline.
 
         With `since` the moment the last poll began, polls keep a fixed cadence however long each takes.
@@ -69,11 +69,11 @@ class Deadline:
 
     def poll_for(
         self,
-        probe: Callable[[], Optional[T]],
+        probe: Callable[[], T | None],
         interval: float = DEFAULT_INTERVAL,
         growth: float = 1.0,
-        max_interval: Optional[float] = None,
-    ) -> Optional[T]:
+        max_interval: float | None = None,
+    ) -> T | None:
         """Call `probe` until it returns something other than None (returned), or the deadline passes (None).
 
         The probe runs at least once, and once more at the deadline, so a condition that came true
