@@ -159,9 +159,10 @@ def host_proc_view() -> Iterator[str]:
     try:
         yield path
     finally:
-        def unmounted() -> bool:
-            return subprocess.run(["umount", path], check=False, capture_output=True).returncode == 0
-
-        if not Deadline(10).poll(unmounted):
+        if not Deadline(10).poll(lambda: _unmount(path)):
             subprocess.run(["umount", "-l", path], check=False, capture_output=True)
         os.rmdir(path)
+
+
+def _unmount(path: str) -> bool:
+    return subprocess.run(["umount", path], check=False, capture_output=True).returncode == 0
