@@ -123,27 +123,36 @@ class Target:
         """End whatever the tests started here (the namespace ends with its init anyway)."""
         if self.namespace is not None:
             return
-        # Also what the state directories name: a supervisor waiting idle after a failed start
-        # appears in no task result.
-        for records in Path(self.state_dir).glob("*/*.json"):
-            if records.name in ("run.json", "idle.json"):
-                recorded = self.read_state(records.parent.name, records.name)
-                if recorded:
-                    self.started_runs.append(recorded)
-        for run in self.started_runs:
-            for pid_key, start_key in (("supervisor_pid", "supervisor_starttime"), ("pid", "starttime")):
-                pid = run.get(pid_key)
-                if not pid:
-                    continue
-                if start_key in run and process_starttime(pid) != run.get(start_key):
-                    continue
-                try:
-                    if pid_key == "pid" and os.getpgid(pid) == pid:
-                        os.killpg(pid, signal.SIGKILL)
-                    else:
-                        os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        end_recorded_runs(self.state_dir, self.started_runs)
+
+
+def end_recorded_runs(state_dir: str | Path, started_runs: list[dict[str, Any]] | None = None) -> None:
+    """SIGKILL the supervisors and jobs that task results or the state directory record.
+
+    Only recorded (pid, starttime) identities are signalled. The state directory also names a
+    supervisor waiting idle after a stop or a failed start, which appears in no task result.
+    """
+    runs = list(started_runs or [])
+    for records in Path(state_dir).glob("*/*.json"):
+        if records.name in ("run.json", "idle.json"):
+            try:
+                runs.append(json.loads(records.read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                continue
+    for run in runs:
+        for pid_key, start_key in (("supervisor_pid", "supervisor_starttime"), ("pid", "starttime")):
+            pid = run.get(pid_key)
+            if not pid:
+                continue
+            if start_key in run and process_starttime(pid) != run.get(start_key):
+                continue
+            try:
+                if pid_key == "pid" and os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def playbook_popen(target: Target, tasks: list[dict], out: Path) -> subprocess.Popen:

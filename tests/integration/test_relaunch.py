@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.launch_targets import end_recorded_runs
 from tests.harness.playbook import REPO, run_playbook
 from tests.harness.procstates import state_of, wait_until
 
@@ -51,12 +52,14 @@ def site_fixture(tmp_path):
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"all": {"hosts": {"localhost": host_vars}}}), encoding="utf-8")
     yield {"dir": tmp_path, "script": script, "inventory": str(inventory), "vars": host_vars}
-    # Whatever the test left running: stop the job through the module, by its recorded state.
+    # Whatever the test left running: stop the job through the module, then end the supervisor
+    # that stays idle where PID 1 would never reap it, by the pid its state file records.
     run_playbook([{
         "name": "stop", "hosts": "localhost", "gather_facts": False,
         "tasks": [{"name": "Stop", "gpuops.relaunch.train_launch": {
             "name": host_vars["job_launch_name"], "state": "stopped", "state_dir": host_vars["job_launch_state_dir"]}}],
     }], inventory=str(inventory))
+    end_recorded_runs(host_vars["job_launch_state_dir"])
 
 
 def stale_run(site) -> dict:
