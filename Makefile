@@ -8,7 +8,7 @@ BIN       := $(CURDIR)/$(VENV)/bin
 BUILD     := .build
 COLL_LINK := $(BUILD)/collections/ansible_collections/gpuops/relaunch
 SANITY    := $(BUILD)/sanity/ansible_collections/gpuops/relaunch
-APT_PKGS  := lxc openssh-server debootstrap
+APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 

@@ -119,6 +119,32 @@ sleeper()
 """
 
 
+# A vfork() parent sleeps (state D, killable) until its child execs or exits; this child does
+# neither. Python cannot vfork safely, so this one is C, built once per test directory.
+VFORK_PARENT_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    if (vfork() == 0) {
+        dprintf(1, "parent=%d child=%d\n", (int)getppid(), (int)getpid());
+        pause();
+        _exit(0);
+    }
+    return 0;
+}
+"""
+
+
+def vfork_parent_program(directory: Path) -> str:
+    """Compile the vfork maker into `directory` and return its path (extra argv only tags it)."""
+    source = directory / "vfork_parent.c"
+    binary = directory / "vfork_parent"
+    if not binary.exists():
+        source.write_text(VFORK_PARENT_C, encoding="utf-8")
+        subprocess.run(["gcc", "-O0", "-o", str(binary), str(source)], check=True, capture_output=True, timeout=60)
+    return str(binary)
+
+
 def host_pid(namespace_init: int, ns_pid: int) -> int:
     """The host pid of the process that is `ns_pid` inside the namespace of `namespace_init`."""
     for proc in Path("/proc").iterdir():
@@ -173,7 +199,11 @@ class Reaper:
 
     def start(self, script: str, *args: str, runner: list[str] | None = None) -> dict[str, str]:
         """Run a maker script, record its process, and return the "key=value" fields it printed."""
-        argv = [*(runner or []), PYTHON, "-c", script, *args]
+        return self.start_program([PYTHON, "-c", script, *args], runner=runner)
+
+    def start_program(self, argv: list[str], runner: list[str] | None = None) -> dict[str, str]:
+        """Run a maker program (any argv), record it, and return the "key=value" fields it printed."""
+        argv = [*(runner or []), *argv]
         proc = subprocess.Popen(  # pylint: disable=consider-using-with
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, start_new_session=True,

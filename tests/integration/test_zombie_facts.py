@@ -20,6 +20,7 @@ from tests.harness.procstates import (
     Reaper,
     host_pid,
     state_of,
+    vfork_parent_program,
     wait_until,
 )
 
@@ -128,6 +129,18 @@ def test_frozen_task_is_uninterruptible(reaper, tag, local_inventory):
     assert stuck["tid"] == sleeper and stuck["wchan"]
     assert facts["verdict"] == "reapable"  # not the GPU driver: it ends once it wakes
     assert any(f"{sleeper}/{sleeper}" in reason for reason in facts["reasons"])
+
+
+def test_vfork_parent_is_uninterruptible(reaper, tag, local_inventory, tmp_path):
+    made = reaper.start_program([vfork_parent_program(tmp_path), tag])
+    parent, child = int(made["parent"]), int(made["child"])
+    wait_until(lambda: state_of(parent) == "D", what="the vfork parent to sleep in D")
+    facts = gather(local_inventory, {"match": [tag]})
+    (stuck,) = [u for u in facts["uninterruptible"] if u["pid"] == parent]
+    assert stuck["tid"] == parent and stuck["wchan"]
+    job = by_pid(facts["job_processes"])
+    assert job[parent]["state"] == "D" and job[child]["ppid"] == parent
+    assert facts["verdict"] == "reapable"  # a vfork wait is killable: not the GPU driver
 
 
 def test_plain_zombie_of_someone_else_is_reported_but_not_blocking(reaper, tag, local_inventory):
