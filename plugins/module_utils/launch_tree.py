@@ -18,6 +18,8 @@ from typing import Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable
+from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import SENT, ProcessControl
+from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import Identity
 from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import Protection
 
 KILL_WAIT = 30.0
@@ -125,7 +127,7 @@ class StopOutcome:
     unreapable_zombies: list[dict] = field(default_factory=list)
 
 
-def _send(view: TreeView, signum: int, outcome: StopOutcome) -> None:
+def _send(view: TreeView, signum: signal.Signals, outcome: StopOutcome) -> None:
     protection = Protection(view.table, [])
     own_group = os.getpgrp()
     # Our own process group holds the connection that runs this module: never part of a job.
@@ -138,12 +140,13 @@ def _send(view: TreeView, signum: int, outcome: StopOutcome) -> None:
             os.killpg(view.identity.pgid, signum)
         except OSError:
             in_group = []  # the group emptied since the scan
+    # Outside the group, each process is signalled through the same gate as zombie_reap's: only
+    # if its pid still has the start time this scan saw (pinned by a pidfd where there is one).
+    gate = ProcessControl(view.table.proc_root)
     for pid in targets:
         if pid not in in_group:
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                continue  # it ended between the scan and the signal
+            if gate.send(Identity.of(view.table.processes[pid]), signum) != SENT:
+                continue  # it ended, or its pid now names another process
         if pid not in outcome.signalled:
             outcome.signalled.append(pid)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -12,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import process_starttime
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_tree import JobIdentity, look, stop_tree
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_tree import (
+    JobIdentity,
+    StopOutcome,
+    TreeView,
+    _send,
+    look,
+    stop_tree,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable
 
 # A job leader in its own group with a child in the group; the leader may ignore SIGTERM.
 JOB = """
@@ -100,3 +109,21 @@ def test_never_signals_its_own_group() -> None:
     outcome = stop_tree(own, stop_timeout=0.2, kill_wait=0.2)
     assert outcome.signalled == []
     assert not outcome.gone
+
+
+def test_a_member_outside_the_group_whose_pid_was_reused_is_not_signalled():
+    # The scan saw the pid with another start time: the process there now is someone else's.
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], process_group=0)
+    try:
+        table = ProcessTable.scan("/proc")
+        seen = table.processes[bystander.pid]
+        table.processes[bystander.pid] = dataclasses.replace(seen, starttime=seen.starttime - 1, pgid=-1)
+        identity = JobIdentity(pid=bystander.pid, starttime=seen.starttime - 1, pgid=-1)
+        view = TreeView(table=table, identity=identity, members={bystander.pid}, supervisor_alive=False)
+        outcome = StopOutcome()
+        _send(view, signal.SIGKILL, outcome)
+        assert outcome.signalled == []
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
