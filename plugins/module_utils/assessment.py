@@ -90,8 +90,10 @@ def assess(
     holders = table.device_holders(options.device_glob)
     holder_pids = {h.pid for h in holders}
 
-    interesting = set(job) | {p.pid for p in table.processes.values() if p.state == "D"}
-    interesting |= {p.pid for p in table.processes.values() if p.is_zombie and p.threads > 1}
+    # The table is walked once for D-state processes and once for zombies, not once per use.
+    d_state = {p.pid for p in table.processes.values() if p.state == "D"}
+    zombies = sorted((p for p in table.processes.values() if p.is_zombie), key=lambda p: p.pid)
+    interesting = set(job) | d_state | {p.pid for p in zombies if p.threads > 1}
     interesting |= {pid for pid in holder_pids if table.processes[pid].threads > 1}
     for pid in interesting:
         table.load_threads(pid)
@@ -106,9 +108,8 @@ def assess(
     ]
     result.uninterruptible = _uninterruptible(table, interesting)
 
-    zombies = [p for p in table.processes.values() if p.is_zombie]
     blocking: dict[int, str] = {}
-    for zombie in sorted(zombies, key=lambda p: p.pid):
+    for zombie in zombies:
         why = _blocks_relaunch(zombie, job, holder_pids, options.require_no_zombies)
         entry = _zombie_entry(table, zombie, job)
         entry["blocking"] = why is not None
