@@ -8,6 +8,7 @@ The clock and the sleep are parameters, so tests drive them without sleeping for
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Iterator, TypeVar
 
@@ -36,6 +37,9 @@ class Deadline:
     """A point in monotonic time, and the polls that wait towards it without passing it."""
 
     def __init__(self, seconds: float, clock: Clock = time.monotonic, sleep: Sleep = time.sleep) -> None:
+        if math.isnan(seconds):
+            # Every comparison with NaN is false: such a deadline would never pass.
+            raise ValueError("a deadline of NaN seconds never passes")
         self.clock = clock
         self.sleep = sleep
         self.started = clock()
