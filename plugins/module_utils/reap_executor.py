@@ -2,10 +2,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Runs a reap plan against real processes and says honestly what is left.
 
-Every signal goes through :meth:`ProcessControl.send`, which delivers it only to the exact
-(pid, starttime) identity the plan printed. With pidfds (Linux 5.3+, Python 3.9+) the process is
-pinned first and its start time checked after that, so a pid recycled at any moment is never
-signalled; without them the start time is re-read right before ``kill()``.
+Every signal goes through the collection's one gate (:class:`signal_gate.SignalGate`), which
+refuses protected processes and delivers only to the exact (pid, starttime) identity the plan
+printed, pinned by a pidfd where the kernel has them.
 
 Every wait polls the real condition (gone, a zombie, out of D) against a deadline; nothing sleeps
 a fixed time. What stays after the ladder becomes an escalation: ``container_reboot`` when only a
@@ -16,9 +15,7 @@ that survives SIGKILL).
 
 from __future__ import annotations
 
-import errno
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Pattern
@@ -36,7 +33,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import (
     KILL_LEADER,
     NOTIFY_PARENT,
     TERMINATE,
-    Identity,
     ReapOptions,
     ReapPlan,
     Step,
@@ -47,12 +43,14 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
     JobSelector,
     Protection,
 )
-
-SENT = "sent"
-GONE = "gone"
-RECYCLED = "recycled"
-REFUSED = "refused"
-DENIED = "denied"
+from ansible_collections.gpuops.relaunch.plugins.module_utils.signal_gate import (
+    DENIED,
+    REFUSED,
+    SENT,
+    Identity,
+    ProcessControl,
+    SignalGate,
+)
 
 NO_ESCALATION = "none"
 CONTAINER_REBOOT = "container_reboot"
@@ -61,88 +59,6 @@ ESCALATIONS = (NO_ESCALATION, CONTAINER_REBOOT, HOST_ACTION)
 
 POLL_INTERVAL = 0.05
 MAX_ROUNDS = 3
-
-
-class ProcessControl:
-    """Looks at and signals processes of the PID namespace this code runs in, by identity."""
-
-    def __init__(self, proc_root: str = "/proc", use_pidfd: bool | None = None) -> None:
-        self.proc_root = proc_root
-        has_pidfd = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
-        self.use_pidfd = has_pidfd if use_pidfd is None else (use_pidfd and has_pidfd)
-        self._empty = ProcessTable({}, proc_root)
-
-    # --- looking -----------------------------------------------------------------------------
-
-    def look(self, pid: int) -> Process | None:
-        """The process that has `pid` now, or None."""
-        return self._empty.refresh(pid)
-
-    def threads(self, pid: int) -> list[Thread]:
-        process = self.look(pid)
-        if process is None:
-            return []
-        return ProcessTable({pid: process}, self.proc_root).load_threads(pid)
-
-    # --- signalling --------------------------------------------------------------------------
-
-    def send(self, target: Identity, sig: signal.Signals) -> str:
-        """Signal exactly `target`: SENT, or GONE / RECYCLED / DENIED / REFUSED and nothing sent."""
-        if target.pid <= NAMESPACE_INIT_PID:
-            return REFUSED
-        if self.use_pidfd:
-            try:
-                return self._send_by_pidfd(target, sig)
-            except OSError as exc:
-                if not _pidfd_unsupported(exc):
-                    raise
-                self.use_pidfd = False
-        return self._deliver_to_same(target, lambda: self._kill(target.pid, sig))
-
-    def _send_by_pidfd(self, target: Identity, sig: signal.Signals) -> str:
-        try:
-            handle = self._open(target.pid)
-        except ProcessLookupError:
-            return GONE
-        try:
-            # The handle pins one process; checking the start time after opening it proves it is
-            # the one the plan saw (a reused pid shows another start time and is left alone).
-            return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig))
-        finally:
-            self._close(handle)
-
-    def _deliver_to_same(self, target: Identity, deliver: Callable[[], None]) -> str:
-        """`deliver()` the signal if `target.pid` still has the start time the plan saw."""
-        now = self.look(target.pid)
-        if now is None:
-            return GONE
-        if now.starttime != target.starttime:
-            return RECYCLED
-        try:
-            deliver()
-        except ProcessLookupError:
-            return GONE
-        except PermissionError:
-            return DENIED
-        return SENT
-
-    # The kernel primitives, one method each so that a simulated kernel can stand in for them.
-    def _open(self, pid: int) -> Any:
-        return os.pidfd_open(pid)  # pylint: disable=no-member
-
-    def _signal_handle(self, handle: Any, sig: signal.Signals) -> None:
-        signal.pidfd_send_signal(handle, sig)  # pylint: disable=no-member
-
-    def _close(self, handle: Any) -> None:
-        os.close(handle)
-
-    def _kill(self, pid: int, sig: signal.Signals) -> None:
-        os.kill(pid, sig)
-
-
-def _pidfd_unsupported(exc: OSError) -> bool:
-    """pidfd_open is missing from this kernel (or refused by a seccomp filter)."""
-    return exc.errno in (errno.ENOSYS, errno.EPERM) and not isinstance(exc, ProcessLookupError)
 
 
 @dataclass
@@ -209,6 +125,7 @@ class Executor:
         self.plan = plan
         self.control = control
         self.protection = protection
+        self.gate = SignalGate(protection, control)
         self.options = options
         self.clock = clock
         self.sleep = sleep
@@ -249,10 +166,10 @@ class Executor:
     # --- signalling --------------------------------------------------------------------------
 
     def _signal(self, step: Step) -> str:
-        if step.target.key not in self.plan.targets or self.protection.reason(step.target.pid) is not None:
+        if step.target.key not in self.plan.targets:
             result = REFUSED
         else:
-            result = self.control.send(step.target, step.signal)
+            result = self.gate.send(step.target, step.signal)
         self.results[(step.stage, step.target.key)] = result
         self.outcome.actions.append(Action(step, result, self.clock() - self.started, self.round))
         return result

@@ -38,6 +38,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
     JobSelector,
     Protection,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils.signal_gate import Identity
 
 TERMINATE = "terminate"
 KILL_LEADER = "kill_leader"
@@ -87,23 +88,6 @@ class ReapOptions:
     reap_timeout: float = 5.0
     d_state_timeout: float = 30.0
     reap_parents: bool = False
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A process as the snapshot saw it; (pid, starttime) tells it apart from a later one."""
-
-    pid: int
-    starttime: int
-    comm: str
-
-    @classmethod
-    def of(cls, process: Process) -> "Identity":
-        return cls(process.pid, process.starttime, process.comm)
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.pid, self.starttime)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass, field
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import Process, ProcessTable, Thread
-from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import ProcessControl
+from ansible_collections.gpuops.relaunch.plugins.module_utils.signal_gate import ProcessControl
 
 FATAL_BY_DEFAULT = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
 

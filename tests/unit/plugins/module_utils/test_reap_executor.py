@@ -7,14 +7,12 @@ import signal
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import (
     CONTAINER_REBOOT,
-    GONE,
     HOST_ACTION,
     NO_ESCALATION,
-    RECYCLED,
-    SENT,
     Executor,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import ReapOptions, plan_reap
+from ansible_collections.gpuops.relaunch.plugins.module_utils.signal_gate import GONE, RECYCLED, SENT
 from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
     DEFAULT_PROTECTED,
     JobSelector,
