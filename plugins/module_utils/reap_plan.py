@@ -27,11 +27,11 @@ records who is left to reap instead, and the executor turns what stays into an e
 
 from __future__ import annotations
 
-import math
 import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils import bounds
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import Process, ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
     NAMESPACE_INIT_PID,
@@ -54,7 +54,6 @@ _NOT_ENDING = {
     signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT,
     signal.SIGCHLD, signal.SIGWINCH, signal.SIGURG,
 }
-MAX_TIMEOUT = 3600.0
 
 
 def parse_term_signal(name: str, option: str = "term_signal") -> signal.Signals:
@@ -72,10 +71,8 @@ def parse_term_signal(name: str, option: str = "term_signal") -> signal.Signals:
 
 
 def check_timeout(value: float, option: str) -> float:
-    """`value` seconds if it is a sensible deadline; ValueError naming `option` otherwise."""
-    if math.isnan(value) or not 0 <= value <= MAX_TIMEOUT:
-        raise ValueError(f"{option}: must be between 0 and {MAX_TIMEOUT:g} seconds, got {value}")
-    return float(value)
+    """`value` seconds if it is finite and between 0 and a day; ValueError (BoundsError) naming `option` otherwise."""
+    return bounds.check_timeout(option, value)
 
 
 @dataclass(frozen=True)

@@ -61,26 +61,26 @@ options:
     default: SIGTERM
   term_timeout:
     description:
-      - Seconds to wait after I(term_signal) before SIGKILL. Between 0 and 3600.
+      - Seconds to wait after I(term_signal) before SIGKILL. Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 10.0
   kill_timeout:
     description:
       - Seconds to wait after SIGKILL for processes to exit, or to show that they are stuck in
-        uninterruptible sleep. Between 0 and 3600.
+        uninterruptible sleep. Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 10.0
   reap_timeout:
     description:
       - Seconds to wait for zombies of the job to be reaped by their parent, their subreaper or
         PID 1 (after SIGCHLD, and again after ending parents). A reaping init takes orphans
-        within about 1.5 seconds. Between 0 and 3600.
+        within about 1.5 seconds. Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 5.0
   d_state_timeout:
     description:
       - Seconds to wait for threads in uninterruptible sleep to wake (their pending SIGKILL ends them
-        then) before reporting RV(escalation=host_action). Between 0 and 3600.
+        then) before reporting RV(escalation=host_action). Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 30.0
   reap_parents:

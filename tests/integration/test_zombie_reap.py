@@ -296,8 +296,10 @@ def test_frozen_task_escalates_to_host_action_naming_its_wchan(reaper, local_inv
 BAD_INPUT = [
     ("unknown signal", {"term_signal": "SIGFOO"}, "term_signal: 'SIGFOO' is not a signal name"),
     ("signal that does not end", {"term_signal": "STOP"}, "term_signal: SIGSTOP does not end a process"),
-    ("negative timeout", {"term_timeout": -1}, "term_timeout: must be between 0 and 3600 seconds"),
-    ("absurd timeout", {"d_state_timeout": 86400}, "d_state_timeout: must be between 0 and 3600 seconds"),
+    ("negative timeout", {"term_timeout": -1}, "term_timeout: must be at least 0 and at most 86400 seconds"),
+    ("absurd timeout", {"d_state_timeout": 1e12}, "d_state_timeout: must be at least 0 and at most 86400 seconds"),
+    ("NaN timeout", {"kill_timeout": "nan"}, "kill_timeout: must be a finite number of seconds"),
+    ("infinite timeout", {"reap_timeout": "inf"}, "reap_timeout: must be a finite number of seconds"),
     ("bad match regex", {"match": ["train(.py"]}, "match: 'train(.py' is not a valid regular expression"),
     ("bad protected regex", {"protected": ["[sshd"]}, "protected: '[sshd' is not a valid regular expression"),
     ("non-positive pid", {"pids": [0]}, "pids: process IDs must be positive integers"),

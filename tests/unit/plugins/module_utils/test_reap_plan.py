@@ -188,12 +188,20 @@ def test_bad_signal_names(name, message):
         parse_term_signal(name)
 
 
-@pytest.mark.parametrize("value", [-1, -0.001, 3601, float("inf"), float("nan")])
-def test_bad_timeouts(value):
-    with pytest.raises(ValueError, match="term_timeout: must be between 0 and 3600 seconds"):
+@pytest.mark.parametrize("value, words", [
+    (-1, "must be at least 0 and at most 86400 seconds, got -1"),
+    (-0.001, "must be at least 0 and at most 86400 seconds"),
+    (86401, "must be at least 0 and at most 86400 seconds, got 86401"),
+    (1e12, "must be at least 0 and at most 86400 seconds, got 1e+12"),
+    (float("inf"), "must be a finite number of seconds, got inf"),
+    (float("nan"), "must be a finite number of seconds, got nan"),
+])
+def test_bad_timeouts(value, words):
+    with pytest.raises(ValueError, match=re.escape(f"term_timeout: {words}")):
         check_timeout(value, "term_timeout")
 
 
 def test_good_timeouts():
     assert check_timeout(0, "x") == 0.0
     assert check_timeout(2.5, "x") == 2.5
+    assert check_timeout(86400, "x") == 86400.0  # a day, the bound of every timeout
