@@ -30,6 +30,7 @@ options:
     description:
       - How long to watch zombies orphaned to PID 1 before concluding that PID 1 does not reap them.
       - A reaping init takes an orphaned zombie within about 1.5 seconds. C(0) takes one look only.
+      - Between 0 and 600 seconds; NaN and infinity are refused.
     type: float
     default: 2.0
   driver_wchan:
@@ -159,11 +160,15 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import 
     AssessmentOptions,
     assess,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils.job_options import (
     JOB_SELECTION_SPEC,
     job_selection_from_params,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
+
+# A reaping init takes an orphan within about 1.5 s; ten minutes is more than any play should watch.
+MAX_ORPHAN_GRACE = 600.0
 
 
 def main() -> None:
@@ -179,8 +184,7 @@ def main() -> None:
     params = module.params
     try:
         selector, protected = job_selection_from_params(params)
-        if not 0 <= params["orphan_grace"] <= 600:
-            raise ValueError(f"orphan_grace: must be between 0 and 600 seconds, got {params['orphan_grace']}")
+        orphan_grace = check_timeout("orphan_grace", params["orphan_grace"], maximum=MAX_ORPHAN_GRACE)
         try:
             driver_wchan = re.compile(params["driver_wchan"])
         except re.error as exc:
@@ -190,7 +194,7 @@ def main() -> None:
             protected=protected,
             device_glob=params["gpu_device_glob"],
             driver_wchan=driver_wchan,
-            orphan_grace=params["orphan_grace"],
+            orphan_grace=orphan_grace,
             require_no_zombies=params["require_no_zombies"],
         )
         facts = assess(options, proc_root=params["proc_root"]).as_dict()
