@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import DEFAULT_DRIVER_WCHAN
+from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import check_poll_interval, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils.nvml_query import (
     MIB,
     GpuDevice,
@@ -226,8 +227,12 @@ def wait_for_release(
     """Poll until `condition` holds for the `wanted` GPUs (all when empty) or `timeout` passes.
 
     `source` None means "no GPU here": only the host and pid conditions are waited for.
-    Raises ValueError when `wanted` names a GPU that is not there, GpuQueryError when a query fails.
+    Raises ValueError when `wanted` names a GPU that is not there or `timeout` or `poll_interval` is
+    out of bounds (NaN, infinite, more than a day, a poll interval under 10 ms), GpuQueryError when a
+    query fails.
     """
+    timeout = check_timeout("timeout", timeout)
+    poll_interval = check_poll_interval("poll_interval", poll_interval)
     deadline = Deadline(timeout, clock, sleep)
     outcome = WaitOutcome()
     watch = PidWatch(condition.pids_gone, proc_root)

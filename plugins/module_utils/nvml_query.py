@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import check_seconds
 from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline, poll_until
 
 MIB = 1024 * 1024
@@ -240,7 +241,7 @@ class NvmlSession:
     backend = "pynvml"
 
     def __init__(self, query_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.query_timeout = query_timeout
+        self.query_timeout = check_seconds("query_timeout", query_timeout, allow_minimum=False)
         self.clock = clock
         self.pid: int | None = None
         self._requests: int | None = None
@@ -437,7 +438,7 @@ class NvidiaSmiSession:
 
     def __init__(self, executable: str, query_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.executable = executable
-        self.query_timeout = query_timeout
+        self.query_timeout = check_seconds("query_timeout", query_timeout, allow_minimum=False)
         self.clock = clock
 
     def query(self, indices: list[int] | None = None) -> list[GpuDevice]:

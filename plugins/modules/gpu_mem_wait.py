@@ -38,12 +38,13 @@ options:
     description:
       - Used memory per GPU, in MiB, at or under which the GPU counts as free. Where the driver
         reports its reservation apart (NVML memory info v2), that reservation is not counted.
+      - A finite number, 0 or more.
       - When neither I(max_used_mib) nor I(max_used_percent) is given, the ceiling is 256 MiB.
     type: float
   max_used_percent:
     description:
       - Used memory per GPU, in percent of its total, at or under which the GPU counts as free.
-        Both ceilings must hold when both are given.
+        Both ceilings must hold when both are given. Between 0 and 100.
     type: float
   no_processes:
     description:
@@ -61,21 +62,25 @@ options:
     description:
       - Also require that the host's C(MemAvailable) (from C(meminfo) under I(proc_root)) is at least
         this many GiB. Large pinned host memory of a killed job takes tens of seconds to come back.
+      - A finite number, 0 or more.
     type: float
   timeout:
     description:
       - How long to wait, in seconds, before failing. C(0) takes one look.
+      - Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 300
   poll_interval:
     description:
       - Seconds between two looks.
+      - At least 0.01 (a shorter pause only burns a core) and at most 3600.
     type: float
     default: 0.5
   query_timeout:
     description:
       - How long one GPU query (the first one includes initialising NVML) may take, in seconds,
         before it counts as hung and the task fails.
+      - More than 0 and at most 86400 (a day); NaN and infinity are refused.
     type: float
     default: 30
   gpus_required:
@@ -256,8 +261,16 @@ error_kind:
   sample: driver_not_loaded
 """
 
+import math
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import (
+    BoundsError,
+    check_poll_interval,
+    check_seconds,
+    check_timeout,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils.gpu_wait import (
     ReleaseCondition,
     wait_for_release,
@@ -338,15 +351,17 @@ def main() -> None:
 
 def _bad_option(params: dict) -> str | None:
     """A message naming the first option with a wrong value, or None."""
+    try:
+        check_timeout("timeout", params["timeout"])
+        check_poll_interval("poll_interval", params["poll_interval"])
+        check_seconds("query_timeout", params["query_timeout"], allow_minimum=False)
+    except BoundsError as exc:
+        return str(exc)
     checks = [
-        ("timeout", params["timeout"] >= 0, "must be 0 or more seconds"),
-        ("poll_interval", params["poll_interval"] > 0, "must be more than 0 seconds"),
-        ("query_timeout", params["query_timeout"] > 0, "must be more than 0 seconds"),
-        ("max_used_mib", params["max_used_mib"] is None or params["max_used_mib"] >= 0, "must be 0 or more"),
-        ("max_used_percent", params["max_used_percent"] is None or 0 <= params["max_used_percent"] <= 100,
-         "must be between 0 and 100"),
-        ("min_host_available_gib", params["min_host_available_gib"] is None or params["min_host_available_gib"] >= 0,
-         "must be 0 or more"),
+        ("max_used_mib", _finite_within(params["max_used_mib"], 0), "must be a finite number, 0 or more"),
+        ("max_used_percent", _finite_within(params["max_used_percent"], 0, 100), "must be between 0 and 100"),
+        ("min_host_available_gib", _finite_within(params["min_host_available_gib"], 0),
+         "must be a finite number, 0 or more"),
         ("pids_gone", all(pid > 0 for pid in params["pids_gone"]), "process IDs must be positive integers"),
         ("devices", all(str(d).strip() for d in params["devices"]), "entries must not be empty"),
         ("nvidia_smi", bool(params["nvidia_smi"]), "must not be empty"),
@@ -355,6 +370,11 @@ def _bad_option(params: dict) -> str | None:
         if not ok:
             return f"{option}: {what}, got {params[option]!r}"
     return None
+
+
+def _finite_within(value: float | None, minimum: float, maximum: float = math.inf) -> bool:
+    """True for an option not given, or a finite number from `minimum` to `maximum`."""
+    return value is None or (math.isfinite(value) and minimum <= value <= maximum)
 
 
 def _timeout_message(result: dict, timeout: float) -> str:

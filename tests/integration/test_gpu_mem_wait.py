@@ -276,7 +276,16 @@ def test_driver_errors_and_bad_options_fail_clearly(tmp_path: Path) -> None:
     ok.add_device()
     bad_options = {
         "unknown device": ({"devices": ["7"]}, "devices: no GPU 7 on this host"),
-        "bad poll_interval": ({"poll_interval": 0}, "poll_interval: must be more than 0"),
+        "bad poll_interval": ({"poll_interval": 0}, "poll_interval: must be at least 0.01 and at most 3600 seconds, got 0"),
+        "spinning poll_interval": ({"poll_interval": 1e-9}, "poll_interval: must be at least 0.01 and at most 3600 seconds"),
+        "NaN timeout": ({"timeout": "nan"}, "timeout: must be a finite number of seconds, got nan"),
+        "infinite timeout": ({"timeout": "inf"}, "timeout: must be a finite number of seconds, got inf"),
+        "huge query_timeout": ({"query_timeout": 1e12}, "query_timeout: must be more than 0 and at most 86400 seconds"),
+        "NaN query_timeout": ({"query_timeout": "nan"}, "query_timeout: must be a finite number of seconds"),
+        "zero query_timeout": ({"query_timeout": 0}, "query_timeout: must be more than 0"),
+        "infinite ceiling": ({"max_used_mib": "inf"}, "max_used_mib: must be a finite number, 0 or more, got inf"),
+        "NaN percent": ({"max_used_percent": "nan"}, "max_used_percent: must be between 0 and 100, got nan"),
+        "infinite host floor": ({"min_host_available_gib": "inf"}, "min_host_available_gib: must be a finite number"),
         "bad percent": ({"max_used_percent": 150}, "max_used_percent: must be between 0 and 100"),
         "bad pid": ({"pids_gone": [-3]}, "pids_gone: process IDs must be positive"),
     }
@@ -291,6 +300,7 @@ def test_driver_errors_and_bad_options_fail_clearly(tmp_path: Path) -> None:
     for name, (_args, words) in bad_options.items():
         result = run.result(name)
         assert result["failed"] is True and words in result["msg"], (name, result)
+        assert "Traceback" not in result.get("module_stderr", "") and "polls" not in result, (name, result)
 
 
 def test_check_mode_and_host_memory_floor(reaper: Reaper, gpu: SimGpu) -> None:

@@ -219,3 +219,20 @@ def test_pid_watch_sees_a_real_process_go_and_a_recycled_pid(proc):
 def test_this_machine_sees_host_pids_and_a_fixture_counts_as_host(proc):
     assert sees_host_pids("/proc") is True
     assert sees_host_pids(str(proc.root)) is True
+
+
+@pytest.mark.parametrize("timeout, poll_interval, words", [
+    (float("nan"), 0.5, "timeout: must be a finite number of seconds, got nan"),
+    (float("inf"), 0.5, "timeout: must be a finite number of seconds, got inf"),
+    (1e12, 0.5, "timeout: must be at least 0 and at most 86400 seconds, got 1e+12"),
+    (10, 1e-9, "poll_interval: must be at least 0.01 and at most 3600 seconds, got 1e-09"),
+    (10, float("nan"), "poll_interval: must be a finite number of seconds, got nan"),
+])
+def test_wait_refuses_unbounded_seconds_before_any_query(proc, timeout, poll_interval, words):
+    clock = FakeClock(100.0)
+    source = ScriptedSource([[device(0, 40000)]])
+    with pytest.raises(ValueError) as caught:
+        wait_for_release(source, [], ReleaseCondition(), timeout=timeout, poll_interval=poll_interval,
+                         proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
+    assert str(caught.value) == words
+    assert source.asked == [] and clock.sleeps == []

@@ -220,3 +220,21 @@ def test_a_driver_without_gpus_is_no_devices(simulated_bindings):
     finally:
         session.close()
     assert caught.value.kind == "no_devices" and caught.value.means_no_gpu
+
+
+@pytest.mark.parametrize("query_timeout, words", [
+    (1e12, "query_timeout: must be more than 0 and at most 86400 seconds, got 1e+12"),
+    (float("nan"), "query_timeout: must be a finite number of seconds, got nan"),
+    (float("inf"), "query_timeout: must be a finite number of seconds, got inf"),
+    (0, "query_timeout: must be more than 0 and at most 86400 seconds, got 0"),
+])
+def test_query_timeout_is_bounded_before_anything_starts(tmp_path, query_timeout, words):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\n", encoding="ascii")
+    smi.chmod(0o755)
+    for make in (lambda: NvmlSession(query_timeout), lambda: NvidiaSmiSession(str(smi), query_timeout),
+                 lambda: open_gpu_source("auto", str(smi), query_timeout)):
+        with pytest.raises(ValueError) as caught:
+            make()
+        assert str(caught.value) == words
+    assert not (tmp_path / "ran").exists()
