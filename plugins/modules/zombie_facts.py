@@ -21,6 +21,10 @@ description:
   - Whether PID 1 reaps cannot be seen in one snapshot. When zombies are orphaned to PID 1, the
     module watches them for up to I(orphan_grace) seconds and reports what it saw.
   - Never changes anything.
+  - Refuses a selection that names more than a job (see I(match) and I(allow_broad)) exactly as
+    M(gpuops.relaunch.zombie_reap) does, so that the verdict on a job is never a verdict on the
+    whole machine that zombie_reap would then refuse to act on. An empty selection is not refused:
+    it looks at the whole table for zombies and D-state threads without a job.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
@@ -149,6 +153,18 @@ ansible_facts:
           description: How many processes the snapshot read.
           type: int
           sample: 213
+refused:
+  description: Why the selection was refused as too broad, each reason naming the option and the pattern.
+  returned: when the selection is refused
+  type: list
+  elements: str
+  sample: ["match: '.*' matches the empty string, so it selects every process"]
+job:
+  description: What a refused selection would have selected.
+  returned: when the selection is refused
+  type: list
+  elements: dict
+  sample: [{pid: 4121, starttime: 991200, comm: python3}]
 """
 
 import re
@@ -163,7 +179,9 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils.job_options import (
     JOB_SELECTION_SPEC,
+    BroadSelectionError,
     job_selection_from_params,
+    refuse_broad_selection,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
 
@@ -197,7 +215,10 @@ def main() -> None:
             orphan_grace=orphan_grace,
             require_no_zombies=params["require_no_zombies"],
         )
+        refuse_broad_selection(selector, protected, params["proc_root"])
         facts = assess(options, proc_root=params["proc_root"]).as_dict()
+    except BroadSelectionError as exc:
+        module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     except ProcfsError as exc:

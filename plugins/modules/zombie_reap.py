@@ -35,6 +35,12 @@ description:
     still in C(D) after I(d_state_timeout) (with their wait channel) or a process that survives
     SIGKILL. A zombie whose live parent may not be ended holds only its pid and is reported without
     escalation."
+  - "A selection that names more than a job is refused before anything is signalled, unless
+    I(allow_broad=true): a I(match) pattern that matches the empty string or the command line of
+    this module's process or of its ancestors (and so every python process, every other connection,
+    every other worker of the Ansible controller), and a selection that takes in a process of
+    Ansible itself (see I(allow_broad)). The refusal names the option and the pattern, in check
+    mode too, and returns in RV(job) what the selection would have taken."
   - "Never signalled: PID 1 of the namespace, the process running this module and all its
     ancestors (the Ansible connection), kernel threads, anything matching I(protected), and any
     process that is neither the job nor the parent of a job process under the rules above. A
@@ -110,6 +116,9 @@ notes:
     under I(reap_parents)) went away (exited, or was reaped).
   - A job whose selection matches nothing returns C(changed=false) with a message, so a second run
     is a no-op. I(match) and I(pids) must not both be empty.
+  - The check for a too broad selection takes its own look at the process table just before the
+    plan's; I(match) patterns are judged against the command lines of this module's process and
+    its ancestors, which do not change in between.
   - I(proc_root) must be the process table of the PID namespace the module runs in, except in check
     mode; run the module inside the container (for example over C(pct exec)) to act there.
 seealso:
@@ -146,11 +155,21 @@ msg:
   type: str
   sample: "ended 6 process(es) with 7 signal(s); nothing left that blocks a relaunch"
 job:
-  description: The job's processes at the snapshot (after leaving out protected ones).
+  description:
+    - The job's processes at the snapshot (after leaving out protected ones).
+    - When the selection is refused as too broad (see RV(refused)), what it would have selected.
   returned: always
   type: list
   elements: dict
   sample: [{pid: 4121, starttime: 991200, comm: python3}]
+refused:
+  description:
+    - Why the selection was refused as too broad, each reason naming the option and the pattern.
+      Nothing was signalled. Set I(allow_broad=true) only if every process in RV(job) may be ended.
+  returned: when the selection is refused
+  type: list
+  elements: str
+  sample: ["match: '.*' matches the empty string, so it selects every process"]
 plan:
   description:
     - Every signal the ladder may send, in order, with its target identity, the condition under
@@ -233,7 +252,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.job_options import (
     JOB_SELECTION_SPEC,
+    BroadSelectionError,
     job_selection_from_params,
+    refuse_broad_selection,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import (
@@ -278,10 +299,13 @@ def main() -> None:
         )
         if not module.check_mode:
             check_own_namespace(params["proc_root"])
+        refuse_broad_selection(selector, protected, params["proc_root"])
         result = reap_job(
             selector, protected, options,
             proc_root=params["proc_root"], device_glob=params["gpu_device_glob"], check_mode=module.check_mode,
         )
+    except BroadSelectionError as exc:
+        module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job, plan=[], actions=[], signals_sent=0)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     except ProcfsError as exc:
