@@ -16,36 +16,39 @@ import grp
 import os
 import pwd
 import shutil
-import signal
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils import launch_systemd as systemd
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_logs import rotate, rotation_plan, tail
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_logs import failed_log_name, rotate, rotation_plan, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import LogScanner, wait_ready
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_records import (
-    JobRecords,
-    new_run_id,
-    process_alive,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_records import JobRecords, new_run_id
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_spec import DEFAULT_PATH, LaunchOptions
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import (
+    FAILED_START_FILE,
     IDLE_FILE,
+    LAUNCH_FILE,
+    RUN_MARK,
+    SUPERVISOR_MARK,
     install_supervisor,
+    open_regular,
     process_starttime,
-    read_json,
+    run_mark,
     spawn_detached,
     utc_now,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_tree import (
     KILL_WAIT,
-    JobIdentity,
     StopOutcome,
+    leader_alive,
     look,
     stop_tree,
+    supervisor_alive,
+    wake_idle_supervisor,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils.signal_gate import SENT
 
 LOG_MODE = 0o640
 EXIT_RECORD_WAIT = 5.0
@@ -95,7 +98,8 @@ class RecordedRunProbe:
             self.run = self.backend.run_record(self.run_id)
             if self.run is None:
                 return True  # still starting: the deadline bounds how long that may take
-        return process_alive(self.run.get("pid"), self.run.get("starttime"), self.records.proc_root)
+        identity = self.records.identity(self.run)
+        return identity is not None and leader_alive(identity, self.records.proc_root)
 
 
 class SupervisorBackend:
@@ -108,9 +112,10 @@ class SupervisorBackend:
         self.python = python
 
     def idle_supervisor(self) -> dict | None:
-        """idle.json, if the supervisor it names is alive and waits for the next run."""
-        idle = read_json(self.records.path(IDLE_FILE))
-        if idle and process_alive(idle.get("supervisor_pid"), idle.get("supervisor_starttime"), self.records.proc_root):
+        """idle.json, if the supervisor it names is proven to be this job's, alive, waiting for the next run."""
+        idle = self.records.read(IDLE_FILE)
+        if idle and supervisor_alive(idle.get("supervisor_pid"), idle.get("supervisor_starttime"),
+                                     self.records.job_dir, self.records.proc_root):
             return idle
         return None
 
@@ -124,26 +129,28 @@ class SupervisorBackend:
         script = install_supervisor(self.records.job_dir)
         self.records.write_launch(launch)
         idle = self.idle_supervisor()
-        if idle is not None:
-            # The supervisor stayed because nothing could reap it: it takes the new run.
-            os.kill(idle["supervisor_pid"], signal.SIGUSR1)
+        # The supervisor stayed because nothing could reap it: it takes the new run, if the gate
+        # lets the wake-up through; otherwise a new supervisor does.
+        if idle is not None and wake_idle_supervisor(idle, self.records.job_dir, self.records.proc_root) == SENT:
             return
-        # -I and a minimal environment: nothing of the Ansible connection's Python set-up carries over.
+        # -I and a minimal environment: nothing of the Ansible connection's Python set-up carries
+        # over. SUPERVISOR_MARK is how a later task proves this process is the job's supervisor.
         spawn_detached([self.python, "-I", script, "run", self.records.job_dir], launch["log_path"], LOG_MODE,
-                       env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
+                       env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", SUPERVISOR_MARK: self.records.job_dir})
 
     def run_record(self, run_id: str) -> dict | None:
         run = self.records.read_run()
         return run if run is not None and run.get("run_id") == run_id else None
 
     def active(self, run: dict) -> bool:
-        if not run.get("pid") or run.get("starttime") is None:
-            return False
-        return not look(JobIdentity.from_run(run), self.records.proc_root, self.is_idle(run)).gone()
+        identity = self.records.identity(run)
+        return identity is not None and not look(identity, self.records.proc_root, self.is_idle(run)).gone()
 
     def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
-        return stop_tree(JobIdentity.from_run(run), options.stop_timeout, self.records.proc_root,
-                         supervisor_idle=self.is_idle(run))
+        identity = self.records.identity(run)
+        if identity is None:
+            return StopOutcome()
+        return stop_tree(identity, options.stop_timeout, self.records.proc_root, supervisor_idle=self.is_idle(run))
 
 
 class SystemdBackend:
@@ -162,7 +169,7 @@ class SystemdBackend:
         cmd = systemd.systemd_run_argv(
             unit=self.unit,
             argv=launch["argv"],
-            env=launch["env"],
+            env=dict(launch["env"], **{RUN_MARK: run_mark(self.records.job_dir, launch["run_id"])}),
             log_path=launch["log_path"],
             chdir=launch["chdir"],
             user=launch["user"],
@@ -195,7 +202,8 @@ class SystemdBackend:
         shown = systemd.show(run.get("unit") or self.unit)
         if systemd.unit_active(shown) and shown.get("InvocationID") == run.get("invocation_id"):
             return True
-        return process_alive(run.get("pid"), run.get("starttime"), self.records.proc_root)
+        identity = self.records.identity(run)
+        return identity is not None and leader_alive(identity, self.records.proc_root)
 
     def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
         unit = run.get("unit") or self.unit
@@ -272,6 +280,14 @@ class LaunchController:
         }
 
     def apply(self) -> dict[str, Any]:
+        try:
+            return self._apply()
+        finally:
+            # Records that were not sound were ignored (never used to signal): say so.
+            if self.records.problems:
+                self.result["record_problems"] = list(self.records.problems)
+
+    def _apply(self) -> dict[str, Any]:
         if not self.check_mode:
             self.records.ensure_dir()
             # Long enough for another task to stop the job and prove a new start.
@@ -323,12 +339,16 @@ class LaunchController:
             # systemd escalates by itself: its record of a SIGKILL end says it had to.
             "escalated": outcome.escalated or bool(record and record.get("exit_signal") == "SIGKILL"),
             "unreapable_zombies": outcome.unreapable_zombies,
+            "ignored": outcome.ignored,
         }
         if not outcome.gone:
             self.result["stop"]["remaining"] = outcome.remaining
+            protected = [entry for entry in outcome.remaining if "protected" in entry]
+            why = (f"; {len(protected)} of them may never be signalled (see stop.remaining[].protected)"
+                   if protected else "")
             raise LaunchError(
                 f"the job's processes did not end after SIGTERM, {self.options.stop_timeout:g}s and "
-                f"SIGKILL: still there: {outcome.remaining}",
+                f"SIGKILL: still there: {outcome.remaining}{why}",
                 self.result,
             )
         return outcome
@@ -342,7 +362,9 @@ class LaunchController:
             raise LaunchError("command: required with state=" + options.state, self.result)
         backend_name = resolve_backend(options.backend)
         result = self.result
-        same = status.spec_hash == spec.spec_hash and status.backend == backend_name
+        # A new log_path is a change too: otherwise we would report a log the job does not write.
+        same_log = status.run is not None and status.run.get("log_path") == options.log_path
+        same = status.spec_hash == spec.spec_hash and status.backend == backend_name and same_log
         if options.state == "started" and status.running and same:
             result["running"] = True
             result["msg"] = "already running with the same spec"
@@ -352,11 +374,12 @@ class LaunchController:
         action = "restart" if active else "start"
         if self.check_mode:
             result["running"] = active
+            failed_log = self._failed_start_log()
             plan = rotation_plan(options.log_path, options.keep_logs) if options.log_path else []
             result.update(
                 backend=backend_name,
                 spec_hash=spec.spec_hash,
-                rotated_log=plan[-1][1] if plan else None,
+                rotated_log=failed_log or (plan[-1][1] if plan else None),
                 removed_paths=[path for path in options.remove_paths if os.path.lexists(path)],
                 msg=f"would {action} the job with backend {backend_name}",
             )
@@ -371,7 +394,7 @@ class LaunchController:
         previous = {key: result.pop(key) for key in PREVIOUS_RUN_KEYS if key in result}
         if previous:
             result["previous"] = previous
-        result["rotated_log"] = rotate(options.log_path, options.keep_logs)
+        result["rotated_log"] = self._set_aside_log()
         result["removed_paths"] = [path for path in options.remove_paths if remove_path(path)]
         return self._launch(backend_name, action)
 
@@ -393,6 +416,9 @@ class LaunchController:
         }
         self._create_log(spec.user, spec.group)
         result.update(backend=backend_name, spec_hash=spec.spec_hash, run_id=run_id)
+        # Until proven, this run's log is a failed start's: the next start sets it aside instead
+        # of rotating it in, so failed starts never push out the log of the last run that worked.
+        self.records.write(FAILED_START_FILE, {"run_id": run_id, "log_path": options.log_path})
         deadline = Deadline(options.startup_timeout)
         try:
             backend.start(options, launch)
@@ -405,6 +431,7 @@ class LaunchController:
         result["ready_line"] = readiness.ready_line
         result["ready_after"] = round(readiness.waited, 3)
         if readiness.ready:
+            self.records.remove(FAILED_START_FILE)
             result["running"] = True
             result["msg"] = f"{action}ed with backend {backend_name}; proof of start holds"
             result["log_tail"] = tail(options.log_path, options.log_tail_lines)
@@ -420,10 +447,41 @@ class LaunchController:
         result["log_tail"] = tail(options.log_path, options.log_tail_lines)
         raise LaunchError(f"the start of job {options.name!r} was not proven: {reason}", result)
 
+    def _failed_start_log(self) -> str | None:
+        """Where the log at log_path goes if it is the log of a start that was never proven."""
+        failed = self.records.read(FAILED_START_FILE)
+        launched = self.records.read(LAUNCH_FILE)
+        log_path = self.options.log_path
+        if (failed and launched and failed.get("run_id") == launched.get("run_id")
+                and failed.get("log_path") == log_path and os.path.lexists(log_path)):
+            return failed_log_name(log_path)
+        return None
+
+    def _set_aside_log(self) -> str | None:
+        """Rotate the previous log, or set a failed start's log aside as LOG.failed (one kept)."""
+        failed_log = self._failed_start_log()
+        if failed_log is None:
+            return rotate(self.options.log_path, self.options.keep_logs)
+        os.rename(self.options.log_path, failed_log)
+        return failed_log
+
     def _create_log(self, user: str | None, group: str | None) -> None:
-        fd = os.open(self.options.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, LOG_MODE)
+        """Create (or append to) the log as a regular file, and give it to the job's user.
+
+        Never through a symlink, never a FIFO, and never chown a file with other hard links: what
+        is chowned is exactly what was just opened.
+        """
+        log_path = self.options.log_path
+        try:
+            fd = open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_MODE)
+        except OSError as exc:
+            raise LaunchError(f"log_path: cannot open {log_path} as a regular file: {exc.strerror or exc} "
+                              "(a symlink, FIFO or device there is refused)", self.result) from None
         try:
             if user is not None or group is not None:
+                if os.fstat(fd).st_nlink != 1:
+                    raise LaunchError(f"log_path: {log_path} has other hard links; refusing to give it "
+                                      "to the job's user", self.result)
                 uid = pwd.getpwnam(user).pw_uid if user is not None else -1
                 gid = grp.getgrnam(group).gr_gid if group is not None else (
                     pwd.getpwnam(user).pw_gid if user is not None else -1)

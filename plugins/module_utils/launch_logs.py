@@ -1,16 +1,26 @@
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The job log: never overwritten (numbered rotation), and its last lines for the result."""
+"""The job log: never overwritten (numbered rotation), and its last lines for the result.
+
+The log of a start that was never proven is set aside as ``LOG.failed`` (one kept) instead of
+entering the rotation, so a series of failed starts cannot push out the last good run's log.
+"""
 
 from __future__ import annotations
 
 import os
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import open_regular
 
 TAIL_READ_LIMIT = 64 * 1024
 
 
 def rotated_name(log_path: str, number: int) -> str:
     return f"{log_path}.{number}"
+
+
+def failed_log_name(log_path: str) -> str:
+    return f"{log_path}.failed"
 
 
 def rotation_plan(log_path: str, keep: int, exists=os.path.lexists) -> list[tuple[str, str | None]]:
@@ -46,11 +56,15 @@ def rotate(log_path: str, keep: int) -> str | None:
 
 
 def tail(log_path: str | None, lines: int) -> list[str]:
-    """The last `lines` lines of the log (at most the last 64 KiB), decoded leniently."""
+    """The last `lines` lines of the log (at most the last 64 KiB), decoded leniently.
+
+    Only a regular file, never through a symlink: a link planted at log_path must not turn the
+    task result into a reader of another file.
+    """
     if not log_path or lines <= 0:
         return []
     try:
-        with open(log_path, "rb") as handle:
+        with os.fdopen(open_regular(log_path, os.O_RDONLY), "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - TAIL_READ_LIMIT))

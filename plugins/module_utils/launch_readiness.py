@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Pattern, Protocol
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_supervisor import open_regular
 from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 
 
@@ -25,14 +26,15 @@ class LogScanner:
         self.matched_line: str | None = None
 
     def exists(self) -> bool:
-        return os.path.exists(self.path)
+        return os.path.isfile(self.path) and not os.path.islink(self.path)
 
     def scan(self) -> str | None:
         """Read what was appended since the last call; return the first matching line, if any."""
         if self.matched_line is not None or self.pattern is None:
             return self.matched_line
         try:
-            with open(self.path, "rb") as handle:
+            # A regular file only: a FIFO here must not block the wait, a symlink not be followed.
+            with os.fdopen(open_regular(self.path, os.O_RDONLY), "rb") as handle:
                 handle.seek(self.offset)
                 data = handle.read()
         except OSError:

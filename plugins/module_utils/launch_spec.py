@@ -3,7 +3,10 @@
 """What to launch (the job spec), its hash, and the checks on user input.
 
 Every check runs before anything is changed, and every problem names the option and what is wrong
-with it, so a bad task fails with one clear message and leaves the machine as it was.
+with it, so a bad task fails with one clear message and leaves the machine as it was. That includes
+what would only fail at the start itself - a program that is missing or not executable for the
+job's user, a NUL byte in an argument or a variable, a symlink or FIFO at log_path - because a
+start that cannot work must not first stop the running job and rotate its log.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ import json
 import os
 import pwd
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Pattern
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import BoundsError, check_timeout
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
+MAX_KEEP_LOGS = 1000
+MAX_LOG_TAIL_LINES = 10000
 
 
 class SpecError(ValueError):
@@ -104,6 +112,71 @@ def _command_argv(command: Any, shell: bool) -> tuple[str, ...]:
     return argv
 
 
+def _no_nul(argv: tuple[str, ...], env: Mapping[str, str]) -> None:
+    for number, arg in enumerate(argv):
+        if "\0" in arg:
+            raise SpecError(f"command: argument {number} contains a NUL byte, which no program can receive")
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise SpecError(f"env: {key!r} is not a valid variable name")
+        if "\0" in value:
+            raise SpecError(f"env: the value of {key} contains a NUL byte, which no environment can hold")
+
+
+def _account_ids(user: str | None, group: str | None) -> tuple[int, set[int], str]:
+    """The uid, the gids and the name the job runs with (checked accounts)."""
+    if user is None:
+        uid, gids = os.getuid(), {os.getgid(), *os.getgroups()}
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+    else:
+        entry = pwd.getpwnam(user)
+        uid, name = entry.pw_uid, user
+        gids = {entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+    if group is not None:
+        gids.add(grp.getgrnam(group).gr_gid)
+    return uid, gids, name
+
+
+def _executable_by(path: str, uid: int, gids: set[int]) -> bool:
+    """Whether `path` is a regular file that `uid` (with `gids`) may execute, by its mode bits."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    if uid == 0:
+        return bool(info.st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH))
+    if info.st_uid == uid:
+        return bool(info.st_mode & stat.S_IXUSR)
+    if info.st_gid in gids:
+        return bool(info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IXOTH)
+
+
+def resolve_program(program: str, search_path: str, chdir: str | None, user: str | None, group: str | None) -> str:
+    """The file the job's first argument names, as the job's user would find it; SpecError if none.
+
+    A name without a slash is looked up on the job's PATH (its `env` PATH, or the default), a
+    relative path from `chdir` (the job's working directory; / without one).
+    """
+    uid, gids, name = _account_ids(user, group)
+    if "/" in program:
+        candidates = [program if os.path.isabs(program) else os.path.join(chdir or "/", program)]
+        where = "" if os.path.isabs(program) else f" in {chdir or '/'}"
+    else:
+        candidates = [os.path.join(directory, program) for directory in search_path.split(":") if directory]
+        where = f" on PATH {search_path}"
+    for candidate in candidates:
+        if _executable_by(candidate, uid, gids):
+            return candidate
+    raise SpecError(f"command: {program!r} is not an executable file{where} for user {name} "
+                    "(checked before anything was stopped or rotated)")
+
+
 def _absolute(option: str, path: str | None) -> str | None:
     if path is None:
         return None
@@ -129,7 +202,12 @@ def check_remove_paths(paths: list[str] | None) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def _check_log_dir(log_path: str, check_mode: bool) -> None:
+def _check_log_path(log_path: str, check_mode: bool) -> None:
+    if os.path.islink(log_path):
+        raise SpecError(f"log_path: {log_path!r} is a symbolic link; the log must be a regular file "
+                        "(links are never followed)")
+    if os.path.lexists(log_path) and not os.path.isdir(log_path) and not os.path.isfile(log_path):
+        raise SpecError(f"log_path: {log_path!r} exists and is not a regular file (a FIFO, socket or device)")
     directory = os.path.dirname(log_path)
     if not os.path.isdir(directory):
         if check_mode:
@@ -175,18 +253,17 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
         if log_path is None:
             raise SpecError(f"log_path: required with state={state}")
         argv = _command_argv(params["command"], bool(params.get("shell")))
-        env = params.get("env") or {}
-        for key in env:
-            if not key or "=" in key or "\0" in key:
-                raise SpecError(f"env: {key!r} is not a valid variable name")
+        env = {str(k): str(v) for k, v in (params.get("env") or {}).items()}
+        _no_nul(argv, env)
         chdir = _absolute("chdir", params.get("chdir"))
         if chdir is not None and not os.path.isdir(chdir):
             raise SpecError(f"chdir: the directory {chdir!r} does not exist")
         _check_account(params.get("user"), params.get("group"))
-        _check_log_dir(log_path, check_mode)
+        resolve_program(argv[0], env.get("PATH", DEFAULT_PATH), chdir, params.get("user"), params.get("group"))
+        _check_log_path(log_path, check_mode)
         spec = JobSpec(
             argv=argv,
-            env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+            env=tuple(sorted(env.items())),
             chdir=chdir,
             user=params.get("user"),
             group=params.get("group"),
@@ -197,21 +274,24 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
             ready_regex = re.compile(params["ready_regex"])
         except re.error as exc:
             raise SpecError(f"ready_regex: {params['ready_regex']!r} is not a valid regular expression: {exc}") from None
-    startup_timeout = float(params["startup_timeout"])
-    min_uptime = float(params["min_uptime"])
-    stop_timeout = float(params["stop_timeout"])
-    for option, value in (("startup_timeout", startup_timeout), ("min_uptime", min_uptime),
-                          ("stop_timeout", stop_timeout)):
-        if value < 0:
-            raise SpecError(f"{option}: must not be negative (got {value:g})")
+    try:
+        startup_timeout = check_timeout("startup_timeout", params["startup_timeout"])
+        min_uptime = check_timeout("min_uptime", params["min_uptime"])
+        stop_timeout = check_timeout("stop_timeout", params["stop_timeout"])
+    except BoundsError as exc:
+        raise SpecError(str(exc)) from None
     if min_uptime > startup_timeout:
         raise SpecError(
             f"min_uptime: {min_uptime:g}s is longer than startup_timeout {startup_timeout:g}s, "
             "so the start could never be proven"
         )
     keep_logs = int(params["keep_logs"])
-    if keep_logs < 1:
-        raise SpecError(f"keep_logs: must be at least 1 (got {keep_logs}); earlier logs are never overwritten")
+    if not 1 <= keep_logs <= MAX_KEEP_LOGS:
+        raise SpecError(f"keep_logs: must be between 1 and {MAX_KEEP_LOGS} (got {keep_logs}); "
+                        "earlier logs are never overwritten")
+    log_tail_lines = 20 if params.get("log_tail_lines") is None else int(params["log_tail_lines"])
+    if not 0 <= log_tail_lines <= MAX_LOG_TAIL_LINES:
+        raise SpecError(f"log_tail_lines: must be between 0 and {MAX_LOG_TAIL_LINES} (got {log_tail_lines})")
     return LaunchOptions(
         name=name,
         state=state,
@@ -225,5 +305,5 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
         ready_regex=ready_regex,
         stop_timeout=stop_timeout,
         remove_paths=check_remove_paths(params.get("remove_paths")),
-        log_tail_lines=int(params.get("log_tail_lines") or 20),
+        log_tail_lines=log_tail_lines,
     )

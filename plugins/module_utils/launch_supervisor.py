@@ -16,9 +16,13 @@ The supervisor (``python3 supervisor.py run JOB_DIR``):
 * makes itself the child subreaper (``PR_SET_CHILD_SUBREAPER``), so every process the job orphans
   becomes its child and is reaped here instead of piling up under a container init that never reaps;
 * starts the job from ``launch.json`` in a process group of its own (stdin from /dev/null, stdout
-  and stderr inherited: the job log), as the requested user and group;
+  and stderr inherited: the job log), as the requested user and group, with the run's mark
+  (``GPUOPS_RELAUNCH_RUN=JOB_DIR:RUN_ID``) in its environment: every process of the job inherits
+  it, and the module signals only processes that carry it (or descend from this supervisor, which
+  carries ``GPUOPS_RELAUNCH_SUPERVISOR=JOB_DIR``);
 * writes ``run.json`` (its own and the job's pid, start time and process group) once the job runs;
-* forwards SIGTERM/SIGINT it receives to the job's process group;
+* forwards SIGTERM/SIGINT it receives to the job's process group while the job's leader is its
+  unreaped child (until then no other process can hold that group id);
 * writes ``exit.json`` (exit code or signal, end time) the moment the job's leader ends;
 * exits when it has no child left, i.e. when the job's whole tree is gone - unless its parent can
   never reap it (a container init that neither catches nor ignores SIGCHLD): exiting there would
@@ -34,11 +38,13 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import fcntl
+import grp
 import json
 import os
 import pwd
-import grp
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -49,7 +55,38 @@ RUN_FILE = "run.json"
 EXIT_FILE = "exit.json"
 SUPERVISOR_FILE = "supervisor.py"
 IDLE_FILE = "idle.json"
+FAILED_START_FILE = "failed_start.json"
 STATE_FILE_MODE = 0o600
+RUN_MARK = "GPUOPS_RELAUNCH_RUN"
+SUPERVISOR_MARK = "GPUOPS_RELAUNCH_SUPERVISOR"
+RECORD_READ_LIMIT = 1024 * 1024
+
+
+def run_mark(job_dir: str, run_id: str) -> str:
+    """The value of RUN_MARK that the processes of one run carry."""
+    return "%s:%s" % (job_dir, run_id)
+
+
+class NotRegularFile(OSError):
+    """A path where a regular file should be holds something else (a FIFO, a device, a directory)."""
+
+
+def open_regular(path: str, flags: int, mode: int = STATE_FILE_MODE) -> int:
+    """Open `path` only if it is a regular file reached without following a symlink at its end.
+
+    O_NONBLOCK keeps a FIFO planted there from blocking the open; fstat then proves what was
+    opened, so a check and a use can never be about two different files. The returned descriptor
+    is blocking again (for regular files the flag means nothing anyway).
+    """
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile("%s is not a regular file" % path)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def utc_now() -> str:
@@ -76,14 +113,34 @@ def write_json_atomic(path: str, data: dict) -> None:
         raise
 
 
-def read_json(path: str) -> dict | None:
-    """The JSON object in `path`, or None if it is missing or not (yet) a complete object."""
+def load_json(path: str) -> dict | None:
+    """The JSON object in `path`; None if there is no such file; ValueError if it is anything else
+    (not a regular file, a symlink, too large, not JSON, not an object)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
+        fd = open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) else None
+    except OSError as exc:
+        raise ValueError("cannot be read safely: %s" % (exc.strerror or exc)) from None
+    with os.fdopen(fd, "rb") as handle:
+        raw = handle.read(RECORD_READ_LIMIT + 1)
+    if len(raw) > RECORD_READ_LIMIT:
+        raise ValueError("is larger than %d bytes" % RECORD_READ_LIMIT)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        raise ValueError("is not valid JSON (%s)" % exc) from None
+    if not isinstance(data, dict):
+        raise ValueError("does not hold a JSON object")
+    return data
+
+
+def read_json(path: str) -> dict | None:
+    """The JSON object in `path`, or None if it is missing or not a sound record."""
+    try:
+        return load_json(path)
+    except ValueError:
+        return None
 
 
 def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
@@ -117,6 +174,8 @@ class Supervisor:
         self.pending_signal = 0
 
     def forward(self, signum: int, _frame: object) -> None:
+        # job_pid is set only while the leader is our unreaped child: its pid, and so its group id,
+        # cannot belong to anyone else, and only processes of our session can be in that group.
         if self.job_pid:
             try:
                 os.killpg(self.job_pid, signal.SIGTERM if signum == signal.SIGINT else signum)
@@ -145,10 +204,12 @@ class Supervisor:
             )
         elif group is not None:
             kwargs["group"] = grp.getgrnam(group).gr_gid
+        env = dict(launch.get("env") or {})
+        env[RUN_MARK] = run_mark(self.job_dir, self.run_id)
         return subprocess.Popen(  # pylint: disable=consider-using-with
             launch["argv"],
             cwd=launch.get("chdir"),
-            env=launch.get("env"),
+            env=env,
             stdin=subprocess.DEVNULL,
             close_fds=True,
             # A group of its own: one killpg reaches the job and every child that stays in it.
@@ -203,6 +264,7 @@ class Supervisor:
                 return 0  # no child left: the job's whole tree is gone
             if pid == job.pid:
                 job.returncode = status  # keeps Popen from waiting on a pid we reaped
+                self.job_pid = 0  # reaped: its pid and group id are free for anyone now
                 self.record_exit(exit_fields(status))
 
     def reopen_log(self) -> None:
@@ -210,7 +272,7 @@ class Supervisor:
 
         The module rotated the previous log by renaming it: the old descriptors still write there.
         """
-        log_fd = os.open(self.launch["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        log_fd = open_regular(self.launch["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
@@ -239,7 +301,13 @@ class Supervisor:
                 if launch.get("run_id") and launch.get("run_id") != self.run_id:
                     self.launch = launch
                     self.run_id = launch["run_id"]
-                    self.reopen_log()
+                    try:
+                        self.reopen_log()
+                    except OSError as exc:
+                        # Not a regular file any more (a symlink or FIFO planted there): this run
+                        # cannot start, and says why; we stay idle for the next one.
+                        self.record_exit({"error": "cannot open log_path: %s" % exc})
+                        continue
                     return True
         finally:
             try:
@@ -330,7 +398,7 @@ def spawn_detached(argv: list, log_path: str, log_mode: int = 0o640, env: dict |
     the grandchild then belongs to no session of ours and outlives the Ansible connection, a kill
     of the launcher's process group, and the deletion of the module's temporary files.
     """
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, log_mode)
+    log_fd = open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, log_mode)
     try:
         child = os.fork()
         if child == 0:  # pragma: no cover - runs in the forked child, which never returns

@@ -188,6 +188,26 @@ class ProcessTable:
                 process.uid = None
         return process.uid
 
+    def environ_value(self, pid: int, name: str) -> str | None:
+        """The value of `name` in the environment `pid` was started with (None if absent or unreadable).
+
+        Read after the scan, so the start time is checked again afterwards: what was read belongs
+        to the process the scan saw, not to a later one that got its pid.
+        """
+        process = self.processes.get(pid)
+        raw = read_small(f"{self.proc_root}/{pid}/environ") if process is not None else None
+        if not raw:
+            return None
+        now = read_small(f"{self.proc_root}/{pid}/stat")
+        fields = parse_stat(now) if now is not None else None
+        if fields is None or fields.starttime != process.starttime:
+            return None
+        prefix = name.encode() + b"="
+        for entry in raw.split(b"\0"):
+            if entry.startswith(prefix):
+                return entry[len(prefix):].decode("utf-8", "surrogateescape")
+        return None
+
     # --- structure ---------------------------------------------------------------------------
 
     @property

@@ -189,10 +189,18 @@ def test_runs_as_the_requested_user(local: Target) -> None:
     assert local.play([stop]).result("stop")["changed"] is True
 
 
-def test_missing_program_fails_with_start_error(local: Target) -> None:
-    result = local.play([local.launch_task(command=["/nonexistent/train"])]).result("launch")
-    assert result["failed"] is True
-    assert "No such file" in result["start_error"] and "No such file" in result["msg"]
+def test_a_start_that_cannot_work_changes_nothing(local: Target) -> None:
+    """A missing program or a NUL in env is refused before the running job is stopped or its log rotated."""
+    running = local.play([local.launch_task()]).result("launch")
+    log_before = Path(local.log()).read_text()
+    for bad in ({"command": ["/nonexistent/train"]}, {"env": {"SEED": "1\u0000 2"}}):
+        result = local.play([local.launch_task(**bad)]).result("launch")
+        assert result["failed"] is True and result["changed"] is False
+        assert result["msg"].startswith(("command: '/nonexistent/train' is not an executable file",
+                                         "env: the value of SEED contains a NUL byte"))
+    assert not Path(local.log() + ".1").exists() and Path(local.log()).read_text().startswith(log_before)
+    again = local.play([local.launch_task()]).result("launch")
+    assert again["changed"] is False and again["pid"] == running["pid"]
 
 
 def test_stop_escalates_to_sigkill_and_ends_escaped_workers(local: Target, tmp_path: Path) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_logs import rotate, rotation_plan, tail
+from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_readiness import LogScanner
 
 
 def contents(tmp_path):
@@ -58,3 +62,23 @@ def test_tail_of_a_huge_log_reads_only_its_end(tmp_path) -> None:
     log = tmp_path / "train.log"
     log.write_bytes(b"x" * 200_000 + b"\n\xff broken utf-8\nlast\n")
     assert tail(str(log), 2) == ["\ufffd broken utf-8", "last"]
+
+
+def test_tail_never_reads_through_a_symlink_or_waits_on_a_fifo(tmp_path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    (tmp_path / "link.log").symlink_to(secret)
+    assert tail(str(tmp_path / "link.log"), 3) == []
+    os.mkfifo(tmp_path / "fifo.log")
+    assert tail(str(tmp_path / "fifo.log"), 3) == []  # returns at once: the open does not block
+
+
+def test_the_scanner_neither_follows_a_link_nor_blocks_on_a_fifo(tmp_path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("ready\n")
+    (tmp_path / "link.log").symlink_to(secret)
+    linked = LogScanner(str(tmp_path / "link.log"), re.compile("ready"))
+    assert linked.scan() is None and not linked.exists()
+    os.mkfifo(tmp_path / "fifo.log")
+    fifo = LogScanner(str(tmp_path / "fifo.log"), re.compile("ready"))
+    assert fifo.scan() is None and not fifo.exists()

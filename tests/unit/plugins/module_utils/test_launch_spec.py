@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_spec import (
@@ -76,8 +78,20 @@ def test_job_environment_is_clean_plus_env(tmp_path) -> None:
         ({"name": ""}, "name:"),
         ({"env": {"A=B": "1"}}, "env:"),
         ({"min_uptime": 10, "startup_timeout": 5}, "min_uptime:"),
-        ({"stop_timeout": -1}, "stop_timeout: must not be negative"),
+        ({"stop_timeout": -1}, "stop_timeout: must be at least 0"),
+        ({"stop_timeout": float("nan")}, "stop_timeout: must be a finite number"),
+        ({"startup_timeout": float("inf")}, "startup_timeout: must be a finite number"),
+        ({"startup_timeout": 1e12}, "startup_timeout: must be at least 0 and at most 86400"),
+        ({"min_uptime": float("nan")}, "min_uptime: must be a finite number"),
         ({"keep_logs": 0}, "keep_logs:"),
+        ({"keep_logs": 10 ** 6}, "keep_logs: must be between 1 and 1000"),
+        ({"log_tail_lines": -1}, "log_tail_lines:"),
+        ({"command": ["python3", "a\0b"]}, "command: argument 1 contains a NUL byte"),
+        ({"env": {"A": "x\0y"}}, "env: the value of A contains a NUL byte"),
+        ({"command": ["no-such-program-gpuops"]}, "command: 'no-such-program-gpuops' is not an executable file on PATH"),
+        ({"command": ["python3"], "env": {"PATH": "/nonexistent-dir-gpuops"}}, "on PATH /nonexistent-dir-gpuops"),
+        ({"command": ["./train.sh"], "chdir": "/tmp"}, "command: './train.sh' is not an executable file in /tmp"),
+        ({"command": ["/etc/passwd"]}, "command: '/etc/passwd' is not an executable file for user"),
     ],
 )
 def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:
@@ -91,6 +105,30 @@ def test_check_mode_accepts_a_log_directory_an_earlier_task_would_create(tmp_pat
     assert options_from_params(later, check_mode=True).log_path == str(tmp_path / "logs" / "train.log")
     with pytest.raises(SpecError, match="does not exist"):
         options_from_params(later)
+
+
+def test_the_program_is_resolved_as_the_jobs_user(tmp_path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o700)  # root may run it; nobody may not
+    tmp_path.chmod(0o755)
+    assert options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path))).spec.argv[0] == "./train.sh"
+    with pytest.raises(SpecError, match="command: './train.sh' is not an executable file in .* for user nobody"):
+        options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path), user="nobody"))
+    script.chmod(0o755)
+    assert options_from_params(params(tmp_path, command=[str(script)], user="nobody")).spec.user == "nobody"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_at_log_path_is_refused(tmp_path, kind) -> None:
+    log = tmp_path / "train.log"
+    if kind == "symlink":
+        (tmp_path / "secret").write_text("root only")
+        log.symlink_to(tmp_path / "secret")
+    else:
+        os.mkfifo(log)
+    with pytest.raises(SpecError, match="^log_path: .*(symbolic link|not a regular file)"):
+        options_from_params(params(tmp_path))
 
 
 def test_log_path_that_is_a_directory(tmp_path) -> None:
