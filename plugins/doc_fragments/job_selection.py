@@ -18,7 +18,7 @@ options:
         nothing is touched) unless I(allow_broad=true) - one that matches the empty string (C(.*),
         C(""), C(x?)), or one that matches the command line of the module's own process or of one
         of its ancestors (the C(sh -c) and sshd session of the connection, or with
-        C(ansible_connection=local) the C(ansible-playbook) worker): such a pattern also matches
+        C(ansible_connection=local) the C(ansible-playbook) worker); such a pattern also matches
         every process like them (every python process, every other connection, the controller's
         workers for other hosts).
       - Kernel threads and zombies have no command line and never match; zombies of the job are

@@ -23,7 +23,7 @@ description:
   - Never changes anything.
   - Refuses a selection that names more than a job (see I(match) and I(allow_broad)) exactly as
     M(gpuops.relaunch.zombie_reap) does, so that the verdict on a job is never a verdict on the
-    whole machine that zombie_reap would then refuse to act on. An empty selection is not refused:
+    whole machine that zombie_reap would then refuse to act on. An empty selection is not refused;
     it looks at the whole table for zombies and D-state threads without a job.
 author:
   - gpuops.relaunch maintainers (@gpuops)
