@@ -33,6 +33,8 @@ options:
         says the ticket has expired.
       - If not given, the environment variable E(PROXMOX_PASSWORD) is used.
       - One of O(api_password) and O(api_token_id) is required.
+      - A value with a control character (a newline, a carriage return, a tab), such as the trailing
+        newline of a YAML block scalar (C(|)), is refused without being shown; use C(|-).
     type: str
   api_token_id:
     description:
@@ -43,6 +45,9 @@ options:
     description:
       - Secret of the API token O(api_token_id).
       - If not given, the environment variable E(PROXMOX_TOKEN_SECRET) is used.
+      - A value with a control character (a newline, a carriage return, a tab), such as the trailing
+        newline of a YAML block scalar (C(|)), is refused without being shown; use C(|-). The same
+        holds for O(api_host), O(api_user) and O(api_token_id), which go into the request too.
     type: str
   validate_certs:
     description:
@@ -59,7 +64,8 @@ options:
     type: path
   api_timeout:
     description:
-      - Seconds to wait for the answer to one API request.
+      - Seconds to wait for the answer to one API request. More than 0 and at most 86400 (a day);
+        C(0) is refused.
       - Reads that fail for a passing reason (connection error, timeout, HTTP 5xx, 595) are retried
         with backoff. A request that changes something is sent again only when the server certainly
         did not act on it; when that is not certain, the module first looks for the task it would

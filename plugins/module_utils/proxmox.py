@@ -15,15 +15,19 @@ proxy answered 5xx) it raises AmbiguousPost and the caller reads the state befor
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import traceback
+import unicodedata
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable, Mapping
+from urllib.parse import quote, quote_plus
 
 from ansible.module_utils.basic import env_fallback
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import BoundsError, check_seconds
 from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import backoff, pause
 
 PROXMOXER_IMPORT_ERROR: str | None
@@ -47,6 +51,9 @@ PERMANENT_READ_ERRORS = ("does not exist", "hostname lookup")
 # Answered by pveproxy or a proxy in front of it, not by the API handler: the request may or may
 # not have reached the node (595-599 are AnyEvent's connection errors, as PVE passes them on).
 PROXY_STATUSES = frozenset((502, 503, 504, 595, 596, 597, 598, 599))
+DEFAULT_API_TIMEOUT = 10
+# What stands in for a secret in a message.
+REDACTED = "********"
 
 
 def proxmox_connection_spec() -> dict[str, dict[str, Any]]:
@@ -60,7 +67,7 @@ def proxmox_connection_spec() -> dict[str, dict[str, Any]]:
         "api_token_secret": {"type": "str", "no_log": True, "fallback": (env_fallback, ["PROXMOX_TOKEN_SECRET"])},
         "validate_certs": {"type": "bool", "default": True, "fallback": (env_fallback, ["PROXMOX_VALIDATE_CERTS"])},
         "ca_path": {"type": "path", "fallback": (env_fallback, ["PROXMOX_CA_PATH"])},
-        "api_timeout": {"type": "int", "default": 10},
+        "api_timeout": {"type": "int", "default": DEFAULT_API_TIMEOUT},
     }
 
 
@@ -116,7 +123,7 @@ class ProxmoxConnection:
     token_secret: str | None = None
     validate_certs: bool = True
     ca_path: str | None = None
-    timeout: float = 10
+    timeout: float = DEFAULT_API_TIMEOUT
 
     def __repr__(self) -> str:
         auth = f"token {self.token_id}" if self.token_id else "ticket"
@@ -134,19 +141,51 @@ class ProxmoxConnection:
             token_secret=params.get("api_token_secret"),
             validate_certs=params.get("validate_certs", True),
             ca_path=params.get("ca_path"),
-            timeout=params.get("api_timeout") or 10,
+            # Only a missing value takes the default: 0 is a mistake to report, not to replace.
+            timeout=DEFAULT_API_TIMEOUT if params.get("api_timeout") is None else params["api_timeout"],
         )
 
     def problems(self) -> list[str]:
-        """What is wrong with the connection options, each naming the option; empty when fine."""
+        """What is wrong with the connection options, each naming the option; empty when fine.
+
+        No message shows the value of a secret, and none shows a value with a control character.
+        """
         out = []
+        # These go into a request line or header (the user and token as "PVEAPIToken=user!id=secret"),
+        # where http.client refuses a control character with an error that quotes the whole header.
+        for option, value in (("api_host", self.host), ("api_user", self.user), ("api_password", self.password),
+                              ("api_token_id", self.token_id), ("api_token_secret", self.token_secret)):
+            if value and _has_control_character(value):
+                out.append(
+                    f"{option} contains a control character (a newline, carriage return, tab or the like), which"
+                    " no valid value has; the value is not shown. A YAML block scalar (|) ends with a newline:"
+                    " use |- or a quoted string"
+                )
         if self.port is not None and not 0 < self.port < 65536:
             out.append(f"api_port must be a TCP port (1-65535), got {self.port}")
-        if self.timeout <= 0:
-            out.append(f"api_timeout must be positive, got {self.timeout}")
+        try:
+            check_seconds("api_timeout", self.timeout, allow_minimum=False)
+        except BoundsError as exc:
+            out.append(str(exc))
         if self.ca_path and not os.path.isfile(self.ca_path):
             out.append(f"ca_path {self.ca_path} is not a file (give the PEM file of the cluster's CA)")
         return out
+
+    def redact(self, text: str) -> str:
+        """`text` with every form of the password and the token secret masked.
+
+        Libraries quote what they refuse: repr() escapes a newline, a header is bytes, a form body
+        is URL-encoded, and Ansible masks only the value exactly as given. So each of those forms of
+        the secret, and of the secret stripped of surrounding whitespace, is masked, the longest first.
+        """
+        forms: set[str] = set()
+        for secret in (self.password, self.token_secret):
+            for value in {secret, secret.strip()} if secret else ():
+                forms.update((value, repr(value)[1:-1], repr(value.encode("utf-8", "surrogateescape"))[2:-1],
+                              json.dumps(value)[1:-1], quote(value, safe=""), quote_plus(value)))
+        for form in sorted((f for f in forms if f), key=len, reverse=True):
+            text = text.replace(form, REDACTED)
+        return text
 
     @property
     def url(self) -> str:
@@ -182,6 +221,11 @@ class RetryPolicy:
     def delays(self) -> list[float]:
         """The pauses between attempts."""
         return list(islice(backoff(self.first_delay, self.factor, self.max_delay), max(self.attempts - 1, 0)))
+
+
+def _has_control_character(value: str) -> bool:
+    """Whether `value` holds a C0 or C1 control character or DEL (a newline, a tab, ...)."""
+    return any(unicodedata.category(char) == "Cc" for char in value)
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -265,15 +309,30 @@ class ProxmoxClient:
                 raise self._tls_error(exc) from None
             except requests.exceptions.RequestException as exc:
                 last = exc
+            except ValueError as exc:
+                # A login may be repeated, so it is never ambiguous.
+                raise ProxmoxError(f"{conn.url}: could not log in: {self._library_error(exc)}") from None
             if delay is not None:
                 self._sleep(delay)
-        raise ProxmoxUnreachable(f"{conn.url}: could not log in: {_root_cause(last) if last else 'unknown'}")
+        raise ProxmoxUnreachable(f"{conn.url}: could not log in: {self._cause(last) if last else 'unknown'}")
+
+    def _cause(self, exc: BaseException) -> str:
+        """The root cause of a library error, in words, with the secrets masked."""
+        return self.connection.redact(_root_cause(exc))
+
+    def _library_error(self, exc: ValueError) -> str:
+        """A ValueError of the HTTP libraries, in words, with the secrets masked.
+
+        http.client refuses a header with a newline by quoting the whole header, which for a token
+        is "PVEAPIToken=user!id=secret".
+        """
+        return self.connection.redact(f"the HTTP library refused the request: {exc}")
 
     def _tls_error(self, exc: BaseException) -> ProxmoxTlsError:
         conn = self.connection
         against = f"the CA in ca_path={conn.ca_path}" if conn.ca_path else "the system's CA certificates"
         return ProxmoxTlsError(
-            f"{conn.url}: TLS certificate verification failed against {against}: {_root_cause(exc)}."
+            f"{conn.url}: TLS certificate verification failed against {against}: {self._cause(exc)}."
             " Give the cluster's CA certificate as ca_path (validate_certs=false turns the check off)."
         )
 
@@ -298,7 +357,7 @@ class ProxmoxClient:
                     return resource.get(**payload)
                 return resource.post(**payload)
             except ResourceException as exc:
-                error = ProxmoxApiError(method, path, exc.status_code, _pve_message(exc))
+                error = ProxmoxApiError(method, path, exc.status_code, self.connection.redact(_pve_message(exc)))
                 if exc.status_code == 401:
                     # Nothing runs before authentication, so any request may be sent again with a
                     # fresh ticket. A token refused is not going to get better.
@@ -318,8 +377,12 @@ class ProxmoxClient:
                 raise self._tls_error(exc) from None
             except requests.exceptions.RequestException as exc:
                 if method == "POST" and not _never_sent(exc):
-                    raise AmbiguousPost(method, path, _root_cause(exc)) from None
-                cause = ProxmoxUnreachable(f"{method} {path}: {_root_cause(exc)}")
+                    raise AmbiguousPost(method, path, self._cause(exc)) from None
+                cause = ProxmoxUnreachable(f"{method} {path}: {self._cause(exc)}")
+            except ValueError as exc:
+                if method == "POST":
+                    raise AmbiguousPost(method, path, self._library_error(exc)) from None
+                raise ProxmoxError(f"{method} {path}: {self._library_error(exc)}") from None
             if attempt >= len(delays):
                 raise cause
             self._sleep(delays[attempt])

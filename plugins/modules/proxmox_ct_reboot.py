@@ -279,7 +279,12 @@ def main() -> None:
         result = rebooter.run(check_mode=module.check_mode)
     except ProxmoxError as exc:
         tasks = [task.as_dict() for task in rebooter.tasks] if rebooter else []
-        module.fail_json(msg=str(exc), tasks=tasks)
+        module.fail_json(msg=connection.redact(str(exc)), tasks=tasks)
+    except Exception as exc:  # pylint: disable=broad-except
+        # No traceback: a library's error can quote a request header, and with it the token secret.
+        tasks = [task.as_dict() for task in rebooter.tasks] if rebooter else []
+        message = f"unexpected error talking to {connection.url}: {type(exc).__name__}: {exc}"
+        module.fail_json(msg=connection.redact(message), tasks=tasks)
     for warning in result.warnings:
         module.warn(warning)
     module.exit_json(**result.as_dict())

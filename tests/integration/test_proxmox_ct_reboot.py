@@ -9,6 +9,7 @@ non-reaping init would keep for ever is gone afterwards.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import sys
 from collections.abc import Iterator
@@ -31,18 +32,23 @@ HOSTNAME = "gpu-train-01"
 TIME_SCALE = 0.01
 
 
-def reboot(args: dict[str, Any], check: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run the module once on the controller and return its result."""
-    plays = [
+def local_play(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One play on the controller, with the Python that has proxmoxer."""
+    return [
         {
             "hosts": "localhost",
             "connection": "local",
             "gather_facts": False,
             "vars": {"ansible_python_interpreter": sys.executable},
-            "tasks": [{"name": "reboot", MODULE: args, "ignore_errors": True}],
+            "tasks": tasks,
         }
     ]
-    run = run_playbook(plays, check=check, env=env, timeout=300)
+
+
+def reboot(args: dict[str, Any], check: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the module once on the controller and return its result."""
+    run = run_playbook(local_play([{"name": "reboot", MODULE: args, "ignore_errors": True}]), check=check, env=env,
+                       timeout=300)
     return run.result("reboot")
 
 
@@ -184,6 +190,65 @@ def test_bad_options_fail_clearly_before_any_request(lab):
     assert result["failed"]
     assert "skiplock=true needs method=stop_start" in result["msg"]
     assert "wait_timeout (300.0) must be greater than timeout (400)" in result["msg"]
+    assert lab.server.requests() == []
+
+
+# -------------------------------------------------------------------------------------------- secrets
+
+
+def secret_play(tmp_path, module_args: str) -> str:
+    """A playbook file whose task takes `module_args` as written (YAML, so that a | block is one)."""
+    playbook = tmp_path / "secret.yml"
+    playbook.write_text(
+        "- hosts: localhost\n"
+        "  connection: local\n"
+        "  gather_facts: false\n"
+        f"  vars: {{ansible_python_interpreter: {sys.executable}}}\n"
+        "  tasks:\n"
+        "    - name: reboot\n"
+        f"      {MODULE}:\n"
+        + "".join(f"        {line}\n" for line in module_args.strip("\n").splitlines()),
+        encoding="utf-8",
+    )
+    return str(playbook)
+
+
+@pytest.mark.parametrize("option", ["api_token_secret", "api_password"])
+def test_a_secret_with_a_trailing_newline_is_refused_and_never_shown(lab, tmp_path, option):
+    old_init = lab.container.init_id
+    secret = lab.server.add_token("root@pam", "relaunch") if option == "api_token_secret" else lab.password
+    token = "api_token_id: relaunch\n" if option == "api_token_secret" else ""
+    playbook = secret_play(tmp_path, (
+        f"api_host: {lab.server.host}\napi_port: {lab.server.port}\napi_user: root@pam\n{token}"
+        f"ca_path: {lab.pki.ca_path}\nvmid: 200\nexpected_hostname: {HOSTNAME}\n"
+        f"{option}: |\n  {secret}\n"  # a YAML block scalar: the value ends with a newline
+    ))
+
+    # The default output at -v, as an operator sees it; and the JSON result.
+    for env, args in (({"ANSIBLE_STDOUT_CALLBACK": "default"}, ["-v"]), ({}, [])):
+        run = run_playbook(playbook, env=env, extra_args=args, timeout=300)
+        output = run.stdout + run.stderr
+
+        assert run.rc != 0
+        assert secret not in output, output
+        assert f"{option} contains a control character" in output, output
+        assert "Traceback" not in output
+    assert lab.server.requests() == []
+    assert lab.container.init_id == old_init
+
+
+def test_a_newline_in_the_token_secret_from_the_environment_is_never_shown(lab):
+    secret = lab.server.add_token("root@pam", "relaunch")
+    env = dict(lab.environment(), PROXMOX_TOKEN_ID="relaunch", PROXMOX_TOKEN_SECRET=secret + "\n",
+               ANSIBLE_STDOUT_CALLBACK="default")
+    del env["PROXMOX_PASSWORD"]
+    plays = local_play([{"name": "reboot", MODULE: {"vmid": 200, "expected_hostname": HOSTNAME}}])
+
+    run = run_playbook(plays, env=env, extra_args=["-v"], timeout=300)
+
+    assert run.rc != 0
+    assert secret not in run.stdout + run.stderr
+    assert "api_token_secret contains a control character" in run.stdout
     assert lab.server.requests() == []
 
 

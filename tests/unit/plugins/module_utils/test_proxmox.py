@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from urllib.parse import quote_plus
+
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
@@ -10,6 +13,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
     ProxmoxAuthError,
     ProxmoxClient,
     ProxmoxConnection,
+    ProxmoxError,
     ProxmoxTlsError,
     ProxmoxUnreachable,
     RetryPolicy,
@@ -65,6 +69,62 @@ def test_connection_problems_name_the_option(tmp_path):
     problems = " / ".join(conn.problems())
     assert "api_port" in problems and "api_timeout" in problems and "ca_path" in problems
     assert ProxmoxConnection(host="pve", user="root@pam").problems() == []
+
+
+@pytest.mark.parametrize("timeout, words", [
+    (0, "api_timeout: must be more than 0 and at most 86400 seconds, got 0"),
+    (-5, "api_timeout: must be more than 0 and at most 86400 seconds, got -5"),
+    (10**12, "api_timeout: must be more than 0 and at most 86400 seconds, got 1e+12"),
+    (float("nan"), "api_timeout: must be a finite number of seconds, got nan"),
+    (float("inf"), "api_timeout: must be a finite number of seconds, got inf"),
+])
+def test_api_timeout_is_finite_and_bounded(timeout, words):
+    assert ProxmoxConnection(host="pve", user="root@pam", timeout=timeout).problems() == [words]
+
+
+def test_api_timeout_zero_is_reported_not_replaced_by_the_default():
+    params = {"api_host": "pve", "api_user": "root@pam", "api_timeout": 0}
+    assert ProxmoxConnection.from_params(params).timeout == 0
+    assert ProxmoxConnection.from_params(dict(params, api_timeout=None)).timeout == 10
+    assert ProxmoxConnection.from_params(dict(params, api_timeout=3)).problems() == []
+
+
+SECRET = "3f9c2d1e-0b7a-4c55-9e21-6d8f0a1b2c3d"
+CONTROL = ["\n", "\r\n", "\t", "\x00", "\x7f", "\x85", "\x1b[0m"]
+
+
+@pytest.mark.parametrize("option, field", [
+    ("api_password", "password"), ("api_token_secret", "token_secret"),
+    ("api_user", "user"), ("api_token_id", "token_id"), ("api_host", "host"),
+])
+@pytest.mark.parametrize("control", CONTROL)
+def test_control_characters_are_refused_naming_the_option_never_the_value(option, field, control):
+    fields = dict(host="pve", user="root@pam", token_id="relaunch", token_secret="t0ken-secret")
+    fields[field] = SECRET + control
+    problems = ProxmoxConnection(**fields).problems()
+    assert len(problems) == 1 and problems[0].startswith(f"{option} contains a control character")
+    assert SECRET not in problems[0] and SECRET[:8] not in problems[0]
+
+
+def test_a_good_secret_with_inner_spaces_and_punctuation_is_accepted():
+    conn = ProxmoxConnection(host="pve", user="ops@pve", password="correct horse: battery staple!")
+    assert conn.problems() == []
+
+
+def test_redact_masks_every_form_of_the_secrets():
+    secret = SECRET + "\n"
+    conn = ProxmoxConnection(host="pve", user="root@pam", password="pa ss'w\"ord\t", token_id="t", token_secret=secret)
+    texts = [
+        f"Invalid header value {('PVEAPIToken=root@pam!t=' + secret).encode()!r}",
+        f"header {secret!r} refused", f"as given: {secret}", f"stripped: {SECRET}.",
+        f"json: {json.dumps(secret)}", f"form: password={quote_plus(conn.password)}", f"{conn.password!r}",
+    ]
+    for text in texts:
+        redacted = conn.redact(text)
+        assert "********" in redacted, text
+        assert SECRET not in redacted and "pa ss" not in redacted and "w\\\"ord" not in redacted, redacted
+    assert conn.redact("nothing secret here") == "nothing secret here"
+    assert ProxmoxConnection(host="pve", user="root@pam").redact("no secrets at all") == "no secrets at all"
 
 
 def test_retry_policy_backs_off_up_to_its_cap():
@@ -212,3 +272,41 @@ def test_bad_parameter_names_the_field(server):
     with pytest.raises(ProxmoxApiError, match="Parameter verification failed. timeout:") as caught:
         api.post(REBOOT, timeout="soon")
     assert caught.value.status == 400
+
+
+# ------------------------------------------------------------------------------------ secrets
+
+
+@pytest.mark.parametrize("field", ["token_secret", "user"])
+def test_a_header_the_http_library_refuses_is_an_error_without_the_secret(server, field):
+    # What problems() refuses up front, had it got through: http.client quotes the whole header.
+    secret = server.add_token("root@pam", "relaunch")
+    fields = dict(password=None, token_id="relaunch", token_secret=secret)
+    fields[field] = fields.get(field, "root@pam") + "\n"
+    api = client(server, **fields)
+    with pytest.raises(ProxmoxError) as caught:
+        api.get("version")
+    message = str(caught.value)
+    assert "the HTTP library refused the request" in message and "********" in message
+    assert secret not in message and secret not in repr(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert server.requests("GET", "/version") == []  # refused before it was sent
+
+
+def test_a_post_the_http_library_refuses_is_ambiguous_and_without_the_secret(server):
+    secret = server.add_token("root@pam", "relaunch")
+    api = client(server, password=None, token_id="relaunch", token_secret=secret + "\r\n")
+    with pytest.raises(AmbiguousPost) as caught:
+        api.post(REBOOT)
+    assert secret not in str(caught.value)
+    assert server.requests("POST", "/status/reboot") == []
+
+
+def test_pves_own_words_are_redacted_too(server):
+    secret = server.add_token("root@pam", "relaunch")
+    api = client(server, password=None, token_id="relaunch", token_secret=secret)
+    server.call(server.pve.fail, "GET", "/version", 400, f"token {secret} is not what I expected")
+    with pytest.raises(ProxmoxApiError) as caught:
+        api.get("version")
+    assert secret not in str(caught.value) and secret not in caught.value.pve_message
+    assert "token ******** is not what I expected" in str(caught.value)
