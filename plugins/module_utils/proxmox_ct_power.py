@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import BoundsError, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
     ProxmoxApiError,
@@ -36,6 +37,11 @@ METHODS = ("reboot", "stop_start")
 SHUTDOWN_GRACE_S = 15.0
 # PVE reports uptime in whole seconds.
 UPTIME_SLACK_S = 1.0
+MISSING_HOSTNAME = (
+    "expected_hostname is required: it is the guard against rebooting the wrong container through a"
+    " wrong vmid; give the hostname of the container's PVE configuration, or set skip_hostname_check=true"
+    " to reboot without that check"
+)
 
 
 class CtRebootRefused(ProxmoxError):
@@ -55,6 +61,7 @@ class CtRebootRequest:
     force: bool = False
     lock_timeout: float = 60
     skiplock: bool = False
+    skip_hostname_check: bool = False
 
     def problems(self, api_user: str, uses_token: bool) -> list[str]:
         """What is wrong with the request, each naming the option; empty when it is fine."""
@@ -63,15 +70,18 @@ class CtRebootRequest:
             out.append(f"vmid must be 100 or more (PVE's guest ids start there), got {self.vmid}")
         if self.method not in METHODS:
             out.append(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        if self.timeout < 0:
-            out.append(f"timeout must not be negative, got {self.timeout}")
-        if self.wait_timeout <= self.timeout:
+        bounded = []
+        for option in ("timeout", "wait_timeout", "lock_timeout"):
+            try:
+                check_timeout(option, getattr(self, option))
+                bounded.append(option)
+            except BoundsError as exc:
+                out.append(str(exc))
+        if {"timeout", "wait_timeout"} <= set(bounded) and self.wait_timeout <= self.timeout:
             out.append(
                 f"wait_timeout ({self.wait_timeout}) must be greater than timeout ({self.timeout}):"
                 " the container needs time to start after its shutdown timeout"
             )
-        if self.lock_timeout < 0:
-            out.append(f"lock_timeout must not be negative, got {self.lock_timeout}")
         if self.skiplock:
             if self.method != "stop_start":
                 out.append("skiplock=true needs method=stop_start: PVE's reboot and shutdown cannot skip a lock")
@@ -79,6 +89,10 @@ class CtRebootRequest:
                 out.append("skiplock=true is only allowed to root@pam logging in with a password (PVE's rule)")
         if self.expected_hostname is not None and not self.expected_hostname.strip():
             out.append("expected_hostname must not be empty when given")
+        if self.expected_hostname is None and not self.skip_hostname_check:
+            out.append(MISSING_HOSTNAME)
+        if self.expected_hostname is not None and self.skip_hostname_check:
+            out.append("expected_hostname and skip_hostname_check=true contradict each other: give one of them")
         return out
 
 
@@ -208,9 +222,12 @@ def cluster_quorate(client: ProxmoxClient) -> bool | None:
 
 
 def check_hostname(request: CtRebootRequest, node: str, state: CtState) -> None:
+    """CtRebootRefused unless the configured hostname is the expected one (or the check was waived)."""
     expected = request.expected_hostname
     if expected is None:
-        return
+        if request.skip_hostname_check:
+            return
+        raise CtRebootRefused(f"{MISSING_HOSTNAME}; nothing was changed")
     if (state.hostname or "").strip().lower() != expected.strip().lower():
         raise CtRebootRefused(
             f"refusing to touch CT {request.vmid} on node {node}: its configured hostname is"

@@ -13,7 +13,8 @@ description:
     reboot or with a shutdown followed by a start, and returns once the container runs again and
     has really restarted (a new init process, or an uptime that began after the request).
   - Before it changes anything it finds the container's node (when O(node) is not given), refuses
-    to act when the configured hostname is not O(expected_hostname), refuses to stop a container
+    to act when the configured hostname is not O(expected_hostname) (required unless
+    O(skip_hostname_check=true)), refuses to stop a container
     of a cluster that has lost quorum (it could not be started again), and waits up to
     O(lock_timeout) for a config lock (a backup, a snapshot) to clear.
   - "Each PVE task is followed by its UPID and judged by its exit status. Only C(OK) and
@@ -40,9 +41,20 @@ options:
     description:
       - The hostname the container must have in its PVE configuration (C(hostname)), compared without
         regard to case. When it differs the module fails and changes nothing.
-      - This is the guard against rebooting the wrong container through a wrong O(vmid). Always give
-        it; the roles of this collection pass the inventory hostname.
+      - This is the guard against rebooting the wrong container through a wrong O(vmid). It is required
+        unless O(skip_hostname_check=true); the roles of this collection pass the inventory hostname.
     type: str
+  skip_hostname_check:
+    description:
+      - Reboot without O(expected_hostname), that is without checking that O(vmid) is the container
+        you mean.
+      - The risk is real: a wrong or stale O(vmid) (a typo, an inventory copied from another host, a
+        vmid reused after a container was destroyed) reboots someone else's container, with every job
+        in it. Prefer giving O(expected_hostname); use this only where the configured hostname is
+        meaningless and the vmid is known to be right.
+      - Refused together with O(expected_hostname), since the two contradict each other.
+    type: bool
+    default: false
   method:
     description:
       - C(reboot) uses PVE's reboot (C(POST .../status/reboot) with O(timeout)); PVE stops the
@@ -56,6 +68,7 @@ options:
   timeout:
     description:
       - Seconds PVE gives the container to shut down cleanly (passed to PVE as C(timeout)).
+      - Between 0 and 86400 (a day).
     type: int
     default: 60
   force:
@@ -69,13 +82,14 @@ options:
   wait_timeout:
     description:
       - Seconds to wait, in all, for the tasks to end and for the container to run again. Must be
-        greater than O(timeout).
+        greater than O(timeout) and at most 86400 (a day); NaN and infinity are refused.
     type: float
     default: 300
   lock_timeout:
     description:
       - Seconds to wait for a config lock (C(backup), C(snapshot), C(migrate), ...) to clear before
         doing anything. The module fails naming the lock when it outlasts this.
+      - Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 60
   skiplock:
@@ -240,6 +254,7 @@ def main() -> None:
         vmid={"type": "int", "required": True},
         node={"type": "str"},
         expected_hostname={"type": "str"},
+        skip_hostname_check={"type": "bool", "default": False},
         method={"type": "str", "choices": ["reboot", "stop_start"], "default": "reboot"},
         timeout={"type": "int", "default": 60},
         force={"type": "bool", "default": False},
@@ -268,6 +283,7 @@ def main() -> None:
         force=params["force"],
         lock_timeout=params["lock_timeout"],
         skiplock=params["skiplock"],
+        skip_hostname_check=params["skip_hostname_check"],
     )
     problems = connection.problems() + request.problems(connection.user, connection.uses_token)
     if problems:

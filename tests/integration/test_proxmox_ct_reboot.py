@@ -193,6 +193,67 @@ def test_bad_options_fail_clearly_before_any_request(lab):
     assert lab.server.requests() == []
 
 
+UNBOUNDED = [
+    ("NaN wait_timeout", {"wait_timeout": "nan"}, "wait_timeout: must be a finite number of seconds, got nan"),
+    ("infinite wait_timeout", {"wait_timeout": "inf"}, "wait_timeout: must be a finite number of seconds, got inf"),
+    ("huge wait_timeout", {"wait_timeout": 1e12}, "wait_timeout: must be at least 0 and at most 86400 seconds"),
+    ("NaN lock_timeout", {"lock_timeout": "nan"}, "lock_timeout: must be a finite number of seconds, got nan"),
+    ("huge lock_timeout", {"lock_timeout": 1e12}, "lock_timeout: must be at least 0 and at most 86400 seconds"),
+    ("huge timeout", {"timeout": 10**12}, "timeout: must be at least 0 and at most 86400 seconds"),
+    ("zero api_timeout", {"api_timeout": 0}, "api_timeout: must be more than 0 and at most 86400 seconds, got 0"),
+    ("huge api_timeout", {"api_timeout": 10**12}, "api_timeout: must be more than 0 and at most 86400 seconds"),
+]
+
+
+def test_unbounded_seconds_fail_naming_the_option_and_change_nothing(lab):
+    old_init = lab.container.init_id
+    tasks = [{"name": name, MODULE: lab.module_args(vmid=200, expected_hostname=HOSTNAME, **args), "ignore_errors": True}
+             for name, args, _words in UNBOUNDED]
+
+    run = run_playbook(local_play(tasks), timeout=300)
+
+    for name, _args, words in UNBOUNDED:
+        result = run.result(name)
+        assert result.get("failed") is True, (name, result)
+        assert words in result["msg"], (name, result["msg"])
+        assert "Traceback" not in json.dumps(result), name
+        assert result["tasks"] == [], name
+    assert lab.server.requests() == []  # not even a login
+    assert lab.container.init_id == old_init
+
+
+# -------------------------------------------------------------------------------- the hostname guard
+
+
+def test_missing_expected_hostname_is_refused_without_any_request(lab):
+    old_init = lab.container.init_id
+
+    for check in (False, True):
+        result = reboot(lab.module_args(vmid=200), check=check)
+
+        assert result["failed"]
+        assert "expected_hostname is required" in result["msg"] and "skip_hostname_check=true" in result["msg"]
+    assert lab.server.requests() == []
+    assert lab.container.init_id == old_init
+
+
+def test_skip_hostname_check_together_with_expected_hostname_is_refused(lab):
+    result = reboot(lab.module_args(vmid=200, expected_hostname=HOSTNAME, skip_hostname_check=True))
+
+    assert result["failed"] and "contradict" in result["msg"]
+    assert lab.server.requests() == []
+
+
+def test_skip_hostname_check_reboots_without_the_guard(lab):
+    old_init = lab.container.init_id
+
+    result = reboot(lab.module_args(vmid=200, skip_hostname_check=True))
+
+    assert not result.get("failed"), result.get("msg")
+    assert result["hostname"] == HOSTNAME and [t["type"] for t in result["tasks"]] == ["vzreboot"]
+    assert_restarted(lab, old_init)
+
+
 # -------------------------------------------------------------------------------------------- secrets
 
 

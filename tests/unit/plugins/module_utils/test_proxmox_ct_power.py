@@ -47,7 +47,15 @@ def test_plan_refuses_a_state_it_does_not_know():
         (CtRebootRequest(99), "root@pam", False, "vmid must be 100 or more"),
         (CtRebootRequest(200, method="bounce"), "root@pam", False, "method must be one of"),
         (CtRebootRequest(200, timeout=300, wait_timeout=300), "root@pam", False, "must be greater than timeout"),
-        (CtRebootRequest(200, lock_timeout=-1), "root@pam", False, "lock_timeout must not be negative"),
+        (CtRebootRequest(200, lock_timeout=-1), "root@pam", False, "lock_timeout: must be at least 0 and at most 86400"),
+        (CtRebootRequest(200, lock_timeout=float("nan")), "root@pam", False, "lock_timeout: must be a finite number"),
+        (CtRebootRequest(200, wait_timeout=float("inf")), "root@pam", False, "wait_timeout: must be a finite number"),
+        (CtRebootRequest(200, wait_timeout=float("nan")), "root@pam", False, "wait_timeout: must be a finite number"),
+        (CtRebootRequest(200, wait_timeout=1e12), "root@pam", False, "wait_timeout: must be at least 0 and at most 86400"),
+        (CtRebootRequest(200, timeout=-1), "root@pam", False, "timeout: must be at least 0 and at most 86400"),
+        (CtRebootRequest(200, timeout=10**12), "root@pam", False, "timeout: must be at least 0 and at most 86400"),
+        (CtRebootRequest(200), "root@pam", False, "expected_hostname is required"),
+        (CtRebootRequest(200, expected_hostname="ct", skip_hostname_check=True), "root@pam", False, "contradict"),
         (CtRebootRequest(200, skiplock=True), "root@pam", False, "skiplock=true needs method=stop_start"),
         (CtRebootRequest(200, method="stop_start", skiplock=True), "ops@pve", False, "only allowed to root@pam"),
         (CtRebootRequest(200, method="stop_start", skiplock=True), "root@pam", True, "only allowed to root@pam"),
@@ -58,8 +66,17 @@ def test_bad_requests_are_named(request_, user, token, fragment):
     assert any(fragment in problem for problem in request_.problems(user, token))
 
 
+def test_a_nan_wait_timeout_is_named_once_not_compared_with_timeout():
+    problems = CtRebootRequest(200, expected_hostname="ct", wait_timeout=float("nan")).problems("root@pam", False)
+    assert problems == ["wait_timeout: must be a finite number of seconds, got nan"]
+
+
 def test_a_good_request_has_no_problems():
-    assert CtRebootRequest(200, method="stop_start", skiplock=True).problems("root@pam", False) == []
+    good = CtRebootRequest(200, expected_hostname="gpu-train-01", method="stop_start", skiplock=True)
+    assert good.problems("root@pam", False) == []
+    assert CtRebootRequest(200, skip_hostname_check=True).problems("root@pam", False) == []
+    a_day = CtRebootRequest(200, expected_hostname="ct", wait_timeout=86400, lock_timeout=86400)
+    assert a_day.problems("root@pam", False) == []
 
 
 def test_restart_is_seen_in_a_new_init_pid_or_else_in_the_uptime():
@@ -105,7 +122,7 @@ def test_start_refused_for_lost_quorum_is_sent_again_until_quorum_returns(api, s
         server.loop.call_later(0.5, pve.regain_quorum)
 
     server.before_request("POST", "/status/start", quorum_goes)
-    result = CtRebooter(api, CtRebootRequest(200, method="stop_start")).run()
+    result = CtRebooter(api, CtRebootRequest(200, expected_hostname="gpu-train-01", method="stop_start")).run()
     assert [task.type for task in result.tasks] == ["vzshutdown", "vzstart"]
     assert result.status == "running"
     assert len(server.requests("POST", "/status/start")) >= 2
@@ -116,4 +133,18 @@ def test_a_container_that_never_comes_back_fails_naming_its_state(api, server):
     ct = server.pve.ct(200)
     server.call(setattr, ct, "start_error", "unable to mount rootfs")
     with pytest.raises(ProxmoxError, match="unable to mount rootfs.*CT 200 is now stopped"):
-        CtRebooter(api, CtRebootRequest(200, method="stop_start")).run()
+        CtRebooter(api, CtRebootRequest(200, expected_hostname="gpu-train-01", method="stop_start")).run()
+
+
+def test_a_request_without_expected_hostname_is_refused_by_the_rebooter_itself(api, server):
+    # problems() says so first; the rebooter holds the line on its own for any other caller.
+    for check_mode in (True, False):
+        with pytest.raises(CtRebootRefused, match="expected_hostname is required.*nothing was changed"):
+            CtRebooter(api, CtRebootRequest(200)).run(check_mode=check_mode)
+    assert server.requests("POST", "/lxc/") == []
+
+
+def test_skip_hostname_check_reboots_whatever_the_hostname(api, server):
+    result = CtRebooter(api, CtRebootRequest(200, skip_hostname_check=True)).run()
+    assert result.hostname == "gpu-train-01" and [task.type for task in result.tasks] == ["vzreboot"]
+    assert len(server.requests("POST", "/status/reboot")) == 1
