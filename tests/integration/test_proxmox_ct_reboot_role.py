@@ -108,3 +108,31 @@ def test_reset_refuses_a_container_that_is_not_this_host(lab, tmp_path):
     assert result["failed"] and "not the expected 'gpu-train-02'" in result["msg"]
     assert lab.server.requests("POST", "/lxc/") == []
     assert lab.container.init_id == old_init
+
+
+def test_reset_without_an_expected_hostname_stops_before_the_module(lab, tmp_path):
+    old_init = lab.container.init_id
+
+    run = run_playbook(reset_play(lab, container_reset_allowed=True, container_reset_expected_hostname=""),
+                       inventory=write_inventory(lab, tmp_path / "inv.json"), timeout=300)
+
+    assert run.rc != 0
+    check = run.result(ROLE_TASK + "Check that the container to reset is named")
+    assert check["failed"] and "container_reset_expected_hostname is empty" in check["msg"]
+    assert ROLE_TASK + "Reboot the container through the Proxmox API" not in run.tasks
+    assert lab.server.requests() == []
+    assert lab.container.init_id == old_init
+
+
+def test_reset_with_a_newline_in_the_password_fails_without_showing_it(lab, tmp_path):
+    old_init = lab.container.init_id
+    play = reset_play(lab, container_reset_allowed=True, container_reset_api_password=lab.password + "\n")
+
+    run = run_playbook(play, inventory=write_inventory(lab, tmp_path / "inv.json"), timeout=300,
+                       env={"ANSIBLE_STDOUT_CALLBACK": "default"}, extra_args=["-v"])
+
+    assert run.rc != 0
+    assert lab.password not in run.stdout + run.stderr
+    assert "api_password contains a control character" in run.stdout
+    assert lab.server.requests() == []
+    assert lab.container.init_id == old_init
