@@ -14,9 +14,9 @@ description:
     has really restarted (a new init process, or an uptime that began after the request).
   - Before it changes anything it finds the container's node (when O(node) is not given), refuses
     to act when the configured hostname is not O(expected_hostname) (required unless
-    O(skip_hostname_check=true)), refuses to stop a container
-    of a cluster that has lost quorum (it could not be started again), and waits up to
-    O(lock_timeout) for a config lock (a backup, a snapshot) to clear.
+    O(skip_hostname_check=true)), refuses to stop a container of a cluster that has lost quorum (it
+    could not be started again), and waits up to O(lock_timeout) for a config lock (a backup, a
+    snapshot) to clear.
   - "Each PVE task is followed by its UPID and judged by its exit status. Only C(OK) and
     C(WARNINGS: N) are success; any other exit status fails the module at once with PVE's message
     and the state the container is left in."
@@ -48,7 +48,7 @@ options:
     description:
       - Reboot without O(expected_hostname), that is without checking that O(vmid) is the container
         you mean.
-      - The risk is real: a wrong or stale O(vmid) (a typo, an inventory copied from another host, a
+      - The risk is real. A wrong or stale O(vmid) (a typo, an inventory copied from another host, a
         vmid reused after a container was destroyed) reboots someone else's container, with every job
         in it. Prefer giving O(expected_hostname); use this only where the configured hostname is
         meaningless and the vmid is known to be right.
