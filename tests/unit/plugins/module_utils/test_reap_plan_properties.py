@@ -35,6 +35,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
     DEFAULT_PROTECTED,
     JobSelector,
     Protection,
+    selection_floor,
 )
 from tests.unit.plugins.module_utils.reap_sim import SimControl, SimKernel, SimProcess
 
@@ -291,3 +292,69 @@ def test_executor_signals_only_printed_identities_even_when_pids_are_reused(exec
         now = kernel.processes.get(identity.pid)
         if now is not None and now.starttime == identity.starttime and not (now.state == "Z" and now.threads <= 1):
             assert identity.key in reported
+
+
+CONTROLLER = "/usr/bin/python3 /usr/bin/ansible-playbook -i hosts site.yml"
+BROAD_MATCHES = MATCHES + [[".*"], [""], ["."], ["x?"], ["AnsiballZ"], [r"\.py\b"], ["sshd: root"], ["sleep", r"train\.py"]]
+
+
+@st.composite
+def selections(draw):
+    kernel, module = draw(forests())
+    if module and draw(st.booleans()):
+        # The module (or one of its ancestors) is the Ansible controller, as with a local connection.
+        chain, current = [], module
+        while current in kernel.processes and current != 1 and current not in chain:
+            chain.append(current)
+            current = kernel.processes[current].ppid
+        kernel.processes[draw(st.sampled_from(chain))].cmdline = CONTROLLER
+    existing = sorted(kernel.processes)
+    listed = draw(st.lists(st.sampled_from(existing + [401, module or 1]), max_size=3))
+    selector = JobSelector.from_options(draw(st.sampled_from(BROAD_MATCHES)), listed, draw(st.booleans()))
+    protected = [re.compile(p) for p in draw(st.sampled_from(PROTECTED))]
+    return kernel, module, selector, protected
+
+
+@CI
+@given(selections())
+def test_the_selection_floor_refuses_exactly_what_names_more_than_a_job(scenario):
+    """Refused if and only if a pattern matches the empty string or a command line on the module's
+    chain (PID 1 aside), or the job takes in an Ansible process, a process such a one on the chain
+    started, or a member of a process group one leads (as an oracle, "Ansible" is AnsiballZ_ on the
+    command line or the one controller command line the forests hold)."""
+    kernel, module, selector, protected = scenario
+    oracle = Oracle(kernel, module, selector, protected)
+    table = kernel.table()
+    reasons = selection_floor(selector, table, Protection(table, protected, own_pid=module or 99999), module or 99999)
+
+    def cmdline(pid):
+        p = oracle.procs[pid]
+        return "" if p.state == "Z" else p.cmdline
+
+    def ancestors(pid):
+        found, current = [], oracle.procs[pid].ppid
+        while current in oracle.procs and current not in found:
+            found.append(current)
+            current = oracle.procs[current].ppid
+        return found
+
+    def runs_ansible(pid):
+        return "AnsiballZ_" in cmdline(pid) or cmdline(pid) == CONTROLLER
+
+    chain = sorted(pid for pid in oracle.module_chain if pid != 1)
+    ansible_chain = {pid for pid in chain if runs_ansible(pid)}
+    broad = [rx.pattern for rx in selector.patterns
+             if rx.search("") or any(rx.search(cmdline(pid)) for pid in chain)]
+    ansible_job = [pid for pid in oracle.job
+                   if runs_ansible(pid) or ansible_chain & set(ancestors(pid))
+                   or oracle.procs[pid].pgid in ansible_chain]
+    event(f"controller on the chain: {bool(ansible_chain)}")
+    event(f"job takes in Ansible: {bool(ansible_job)}")
+    event(f"refused: {bool(reasons)}")
+    assert bool(reasons) == bool(broad or ansible_job), (broad, ansible_job, reasons)
+    for pattern in broad:
+        assert any(r.startswith(f"match: {pattern!r} matches ") for r in reasons), (pattern, reasons)
+    for pid in ansible_job:
+        assert any(f" pid {pid} (" in r.split(",")[0] for r in reasons), (pid, reasons)
+    # Every reason names the option that is too broad.
+    assert all(r.split(":")[0] in ("match", "pids", "include_descendants") for r in reasons)
