@@ -48,8 +48,12 @@ def run_playbook(
     env: dict[str, str] | None = None,
     timeout: float = 600,
     extra_args: list[str] | None = None,
+    wrapper: list[str] | None = None,
 ) -> PlaybookRun:
-    """Run `plays` (data, or the path of a playbook file) and collect per-task results."""
+    """Run `plays` (data, or the path of a playbook file) and collect per-task results.
+
+    `wrapper` is put in front of the ansible-playbook command line, for example ``unshare ...`` to
+    run the whole controller inside a PID namespace of its own."""
     with tempfile.TemporaryDirectory(prefix="gpuops-play-") as tmp:
         if isinstance(plays, str):
             playbook = plays
@@ -66,6 +70,7 @@ def run_playbook(
         if check:
             cmd.append("--check")
         cmd += extra_args or []
+        cmd = [*(wrapper or []), *cmd]
         run_env = dict(os.environ)
         run_env.update(
             ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
