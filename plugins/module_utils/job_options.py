@@ -32,8 +32,9 @@ class BroadSelectionError(ValueError):
 
     def __init__(self, reasons: list[str], job: list[dict[str, Any]]) -> None:
         more = len(reasons) - self.SHOWN
+        shown = "; ".join(reasons[: self.SHOWN]) + (f" (and {more} more)" if more > 0 else "")
         super().__init__(
-            "; ".join(reasons[: self.SHOWN]) + (f" (and {more} more)" if more > 0 else "") + ". Refused; nothing was touched: name the job itself (for example "
+            f"{shown}. Refused; nothing was touched: name the job itself (for example "
             "/workspace/run/train\\.py\\b or its pids), or set allow_broad: true if every unprotected process "
             "this selects may really be ended"
         )
