@@ -184,9 +184,10 @@ class TreeView:
 
     def gone(self) -> bool:
         """Nothing of the job runs, every zombie it left has been reaped, the supervisor has exited
-        (or, where nothing could reap it, waits idle for the next run)."""
+        or has no child left (it exits, or, where nothing could reap it, waits idle for the next run)."""
         waiting_zombies = set(self.zombies) - set(self.unreapable_zombies())
-        supervisor_done = not self.supervisor_alive or self.supervisor_idle
+        supervisor_done = (not self.supervisor_alive or self.supervisor_idle
+                           or not self.table.children.get(self.identity.supervisor_pid or 0))
         return not self.live and not waiting_zombies and supervisor_done
 
     def describe(self, pids: list[int], gate: SignalGate | None = None) -> list[dict]:

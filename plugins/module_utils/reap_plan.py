@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils import bounds
-from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import Process, ProcessTable
+from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (
     NAMESPACE_INIT_PID,
     JobSelector,
