@@ -93,9 +93,10 @@ class JobIdentity:
         return run_mark(self.job_dir, self.run_id)
 
 
-def stop_gate(table: ProcessTable) -> SignalGate:
+def stop_gate(table: ProcessTable, control: ProcessControl | None = None) -> SignalGate:
     """The signal gate of the launch path for one scan; the module's own process group is spared too."""
-    return SignalGate(Protection(table, STOP_PROTECTED), ProcessControl(table.proc_root), spare_group=os.getpgrp())
+    return SignalGate(Protection(table, STOP_PROTECTED), control or ProcessControl(table.proc_root),
+                      spare_group=os.getpgrp())
 
 
 def proven_supervisor(table: ProcessTable, pid: int | None, starttime: int | None, job_dir: str) -> bool:
@@ -201,8 +202,8 @@ class TreeView:
             described.append(entry)
         return described
 
-    def gate(self) -> SignalGate:
-        return stop_gate(self.table)
+    def gate(self, control: ProcessControl | None = None) -> SignalGate:
+        return stop_gate(self.table, control)
 
 
 def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
@@ -276,10 +277,12 @@ def _send(view: TreeView, gate: SignalGate, signum: signal.Signals, sent: set[tu
 
 
 def stop_tree(identity: JobIdentity, stop_timeout: float, proc_root: str = "/proc",
-              kill_wait: float = KILL_WAIT, supervisor_idle: Callable[[], bool] = lambda: False) -> StopOutcome:
+              kill_wait: float = KILL_WAIT, supervisor_idle: Callable[[], bool] = lambda: False,
+              control: ProcessControl | None = None) -> StopOutcome:
     """SIGTERM, wait up to stop_timeout, SIGKILL, wait up to kill_wait; report what remains.
 
     Members that appear while we wait (forked after a scan) get the current signal at the next poll.
+    `control` stands in for the kernel's signalling primitives in tests.
     """
     outcome = StopOutcome()
     view = look(identity, proc_root, supervisor_idle)
@@ -290,7 +293,7 @@ def stop_tree(identity: JobIdentity, stop_timeout: float, proc_root: str = "/pro
         sent: set[tuple[int, int]] = set()
         deadline = Deadline(seconds)
         while True:
-            gate = view.gate()
+            gate = view.gate(control)
             _send(view, gate, signum, sent, outcome)
             if view.live and all(gate.refusal(pid) for pid in view.live):
                 break  # only protected processes are left: waiting cannot change that
