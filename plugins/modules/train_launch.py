@@ -17,7 +17,8 @@ description:
     the launcher's process group. The supervisor is the child subreaper of the job
     (C(PR_SET_CHILD_SUBREAPER)), so processes the job orphans are reaped by it and never pile up as
     zombies under a container init that does not reap. It starts the job in a process group of its
-    own, forwards SIGTERM to that group, records the exit code or signal and the time atomically in
+    own with the run's mark (C(GPUOPS_RELAUNCH_RUN)) in its environment, forwards SIGTERM to that
+    group while the job's leader is its unreaped child, records the exit code or signal and the time atomically in
     the state directory, and exits when the job's whole tree is gone. It runs from a private copy in
     the state directory, so it does not depend on the module's temporary files (see the notes for
     containers whose init never reaps).
@@ -26,13 +27,26 @@ description:
     exit status is recorded by an C(ExecStopPost=) hook, because a collected unit can no longer be
     asked for it.
   - I(state=started) is idempotent like a service. The job's spec is hashed (command, shell, env,
-    chdir, user, group). If the job runs with the same spec and backend nothing changes; if it runs
-    with another spec it is restarted; if it does not run it is started.
+    chdir, user, group). If the job runs with the same spec, backend and I(log_path) nothing changes;
+    if it runs with another spec or log path it is restarted; if it does not run it is started.
   - I(state=restarted) always stops the job (if it runs) and starts it again.
-  - I(state=stopped) sends SIGTERM to the job's process group, waits up to I(stop_timeout) seconds,
-    sends SIGKILL, and waits until the whole tree is gone, leaving no zombie of the job behind.
+  - I(state=stopped) sends SIGTERM to each proven member of the run, waits up to I(stop_timeout)
+    seconds, sends SIGKILL, and waits until the whole tree is gone, leaving no zombie of the job behind.
+  - Membership is proven, never taken from the records. A process belongs to the run if its
+    environment carries the run's mark (C(GPUOPS_RELAUNCH_RUN=STATE_DIR/NAME:RUN_ID), set at spawn
+    and inherited by everything the job starts) and it did not start before the run, or if it
+    descends from the run's supervisor, itself proven by its own mark and start time. No process
+    group is ever signalled as a whole; each member goes through the collection's signal gate, which
+    never signals PID 1, the module and its ancestors, members of the module's own process group,
+    kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).
+    A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
+  - Before anything is stopped or rotated, a start checks that it can work - the program is resolved
+    as the job's user (its C(PATH), or relative to I(chdir)) and must be executable for that user,
+    no argument or I(env) value holds a NUL byte, and I(log_path) is not a symlink, FIFO or device.
   - A start first rotates an existing log (C(train.log) becomes C(train.log.1), keeping I(keep_logs)
-    earlier logs; a log is never overwritten), then removes I(remove_paths), then launches the job and
+    earlier logs; a log is never overwritten) - or, if that log is of a start that was never proven,
+    sets it aside as C(train.log.failed) (one kept) so failed starts never push out a good run's
+    log - then removes I(remove_paths), then launches the job and
     returns only when the proof of start holds - the job is still alive after I(min_uptime) seconds,
     the log exists and, if I(ready_regex) is set, a log line matches it. The task fails with the exit
     code or signal and the log tail when the job ends during startup, and with the log tail when
@@ -90,17 +104,21 @@ options:
     description:
       - Absolute path of the job's log (stdout and stderr). Its directory must exist and be writable
         (in check mode a missing directory is accepted, since an earlier task may create it).
+      - It must be a regular file or not exist yet; a symlink, FIFO or device there is refused. It is
+        opened without following links and chowned to I(user) only if it has no other hard links.
       - Required with I(state=started) and I(state=restarted).
     type: path
   keep_logs:
     description:
-      - How many earlier logs to keep (C(LOG.1) is the newest). At least 1.
+      - How many earlier logs to keep (C(LOG.1) is the newest). Between 1 and 1000.
     type: int
     default: 5
   state_dir:
     description:
       - Absolute path of the directory that holds one state directory per job (mode 0700, files 0600)
         with what was launched, what runs, and how the last run ended.
+      - The records are read only as regular files and never trusted as proof of what to signal; one
+        that is not sound is reported in RV(record_problems) and ignored.
     type: path
     default: /var/lib/gpuops
   backend:
@@ -113,13 +131,13 @@ options:
     default: auto
   startup_timeout:
     description:
-      - Seconds after the launch by which the proof of start must hold.
+      - Seconds after the launch by which the proof of start must hold. A finite number from 0 to 86400.
     type: float
     default: 120
   min_uptime:
     description:
       - Seconds the job must stay alive after the launch to count as started (supervisord's
-        C(startsecs)). At most I(startup_timeout).
+        C(startsecs)). At most I(startup_timeout); a finite number from 0 to 86400.
     type: float
     default: 5
   ready_regex:
@@ -129,7 +147,7 @@ options:
     type: str
   stop_timeout:
     description:
-      - Seconds to wait after SIGTERM before SIGKILL when stopping the job.
+      - Seconds to wait after SIGTERM before SIGKILL when stopping the job. A finite number from 0 to 86400.
       - With the systemd backend this becomes the unit's C(TimeoutStopSec) when the job is started, and
         that value applies when it is stopped.
     type: float
@@ -143,7 +161,7 @@ options:
     default: []
   log_tail_lines:
     description:
-      - How many of the log's last lines to return as RV(log_tail).
+      - How many of the log's last lines to return as RV(log_tail). Between 0 and 10000.
     type: int
     default: 20
 notes:
@@ -293,7 +311,7 @@ ready_after:
   type: float
   sample: 5.1
 rotated_log:
-  description: The name the previous log got by rotation (null if there was none).
+  description: The name the previous log got (C(LOG.1) by rotation, or C(LOG.failed) for the log of a start that was never proven; null if there was none).
   returned: after a start, and in check mode for started/restarted
   type: str
   sample: /workspace/train.log.1
@@ -334,13 +352,45 @@ previous:
   type: dict
   sample: {"pid": 4100, "exit_code": null, "exit_signal": "SIGTERM", "ended_at": "2026-12-02T16:09:59.1+00:00"}
 stop:
-  description:
-    - What stopping took. C(signalled) lists the PIDs that got a signal, C(escalated) says whether
-      SIGKILL was needed, C(unreapable_zombies) lists zombies of the job that nothing of the job can
-      reap (their parent left), C(remaining) what still ran at the deadline (only on failure).
+  description: What stopping took.
   returned: when the task stopped a running job
   type: dict
-  sample: {"signalled": [4242, 4250], "escalated": false, "unreapable_zombies": []}
+  sample: {"signalled": [4242, 4250], "escalated": false, "unreapable_zombies": [], "ignored": []}
+  contains:
+    signalled:
+      description: The PIDs that got a signal (each a proven member of the run).
+      type: list
+      elements: int
+    escalated:
+      description: Whether SIGKILL was needed.
+      type: bool
+    unreapable_zombies:
+      description: Zombies of the job that nothing of the job can reap (their parent left).
+      type: list
+      elements: dict
+    ignored:
+      description:
+        - Recorded pids (C(record) is C(pid) or C(supervisor_pid)) that name a live process which
+          failed the membership proof - a reused pid, or a record restored or edited - with the
+          reason. They were not signalled.
+      type: list
+      elements: dict
+      sample: [{"record": "pid", "pid": 4100, "comm": "sshd", "reason": "not this run's process: it does not carry this run's mark; ignored"}]
+    remaining:
+      description:
+        - What still ran at the deadline (only on failure), with C(protected) saying why a process
+          may never be signalled where that is the reason it remains.
+      type: list
+      elements: dict
+      returned: on failure
+record_problems:
+  description:
+    - Records in the job's state directory that were not sound (not JSON, a field of the wrong kind,
+      a symlink or FIFO in place of a file), each with what was wrong. They were ignored.
+  returned: when a record was not sound
+  type: list
+  elements: str
+  sample: ["/var/lib/gpuops/llm-pretrain/run.json: pid is not a process number or start time ('abc'); ignored"]
 """
 
 from ansible.module_utils.basic import AnsibleModule
