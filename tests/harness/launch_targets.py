@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness.pidns import PidNamespace, process_starttime
+from tests.harness.pidns import PidNamespace, pid_namespace, process_starttime
 from tests.harness.playbook import REPO, PlaybookRun, run_playbook
 
 DEMO = str(REPO / "playbooks" / "files" / "demo_train.py")
@@ -124,6 +126,27 @@ class Target:
         if self.namespace is not None:
             return
         end_recorded_runs(self.state_dir, self.started_runs)
+
+
+@contextmanager
+def on_localhost(work: Path) -> Iterator[Target]:
+    """This machine over the local connection; the runs the tests started end with the block."""
+    inventory = work / "inventory"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n")
+    where = Target("localhost", str(inventory), work)
+    try:
+        yield where
+    finally:
+        where.clean_up()
+
+
+@contextmanager
+def in_pid_namespace(work: Path) -> Iterator[Target]:
+    """A never-reaping PID namespace over nsenter; everything inside ends with the block."""
+    inventory = work / "inventory"
+    with pid_namespace() as namespace:
+        namespace.write_inventory(inventory)
+        yield Target("pidns", str(inventory), work, namespace)
 
 
 def end_recorded_runs(state_dir: str | Path, started_runs: list[dict[str, Any]] | None = None) -> None:

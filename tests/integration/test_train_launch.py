@@ -10,40 +10,20 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.harness.launch_targets import PYTHON, Target, playbook_popen
-from tests.harness.pidns import pid_namespace
+from tests.harness.launch_targets import Target, in_pid_namespace, on_localhost, playbook_popen
 from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-@contextmanager
-def on_localhost(tmp_path: Path) -> Iterator[Target]:
-    inventory = tmp_path / "inventory"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n")
-    where = Target("localhost", str(inventory), tmp_path)
-    try:
-        yield where
-    finally:
-        where.clean_up()
-
-
 @pytest.fixture(params=["localhost", "pidns"])
 def target(request, tmp_path):
-    if request.param == "localhost":
-        with on_localhost(tmp_path) as where:
-            yield where
-        return
-    inventory = tmp_path / "inventory"
-    with pid_namespace() as namespace:
-        namespace.write_inventory(inventory)
-        yield Target("pidns", str(inventory), tmp_path, namespace)
+    with (on_localhost if request.param == "localhost" else in_pid_namespace)(tmp_path) as where:
+        yield where
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.launch_targets import PYTHON, Target
-from tests.harness.pidns import pid_namespace
+from tests.harness.launch_targets import PYTHON, Target, in_pid_namespace, on_localhost
 from tests.harness.playbook import BIN, REPO
 from tests.harness.procstates import wait_until
 
@@ -24,21 +23,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def ns_target(tmp_path):
-    inventory = tmp_path / "inventory"
-    with pid_namespace() as namespace:
-        namespace.write_inventory(inventory)
-        yield Target("pidns", str(inventory), tmp_path, namespace)
+    with in_pid_namespace(tmp_path) as where:
+        yield where
 
 
 @pytest.fixture
 def local(tmp_path):
-    inventory = tmp_path / "inventory"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n")
-    where = Target("localhost", str(inventory), tmp_path)
-    try:
+    with on_localhost(tmp_path) as where:
         yield where
-    finally:
-        where.clean_up()
 
 
 def stop_task(target: Target, **options) -> dict:

@@ -38,15 +38,20 @@ def test_a_state_dir_that_is_a_file_or_a_link_is_named(tmp_path) -> None:
     assert not list((tmp_path / "elsewhere").iterdir())
 
 
-def test_a_lock_file_that_is_a_symlink_is_refused(tmp_path) -> None:
-    records = JobRecords(str(tmp_path / "job"))
-    records.ensure_dir()
+def test_a_lock_file_that_is_a_symlink_is_refused(tmp_path, records) -> None:
     target = tmp_path / "target"
     target.write_text("keep")
     os.symlink(target, tmp_path / "job" / ".lock")
     with pytest.raises(OSError, match="^state_dir: cannot open the lock"):
         records.lock(1)
     assert target.read_text() == "keep"
+
+
+@pytest.fixture
+def records(tmp_path) -> JobRecords:
+    job = JobRecords(str(tmp_path / "job"))
+    job.ensure_dir()
+    return job
 
 
 @pytest.fixture
@@ -60,9 +65,7 @@ def marked_sleeper(tmp_path):
     proc.wait()
 
 
-def test_status_follows_the_run_and_its_exit(tmp_path, marked_sleeper) -> None:
-    records = JobRecords(str(tmp_path / "job"))
-    records.ensure_dir()
+def test_status_follows_the_run_and_its_exit(tmp_path, records, marked_sleeper) -> None:
     assert records.status().run is None and not records.status().running
     run = {"run_id": "a", "pid": marked_sleeper.pid, "starttime": process_starttime(marked_sleeper.pid),
            "backend": "supervisor", "spec_hash": "h"}
@@ -76,10 +79,8 @@ def test_status_follows_the_run_and_its_exit(tmp_path, marked_sleeper) -> None:
     assert records.problems == []
 
 
-def test_a_recorded_process_without_the_runs_mark_is_not_running(tmp_path) -> None:
+def test_a_recorded_process_without_the_runs_mark_is_not_running(records) -> None:
     # This test's own process: real pid, real start time, but no mark of run "a".
-    records = JobRecords(str(tmp_path / "job"))
-    records.ensure_dir()
     records.write_run({"run_id": "a", "pid": os.getpid(), "starttime": process_starttime(os.getpid())})
     assert records.status().run is not None and not records.status().running
 
@@ -92,18 +93,14 @@ def test_a_recorded_process_without_the_runs_mark_is_not_running(tmp_path) -> No
     ('{"run_id": "a", "pid"', "is not valid JSON"),
     ('[1, 2]', "does not hold a JSON object"),
 ])
-def test_a_record_that_is_not_sound_is_reported_and_ignored(tmp_path, content, problem) -> None:
-    records = JobRecords(str(tmp_path / "job"))
-    records.ensure_dir()
+def test_a_record_that_is_not_sound_is_reported_and_ignored(tmp_path, records, content, problem) -> None:
     (tmp_path / "job" / "run.json").write_text(content)
     status = records.status()
     assert status.run is None and not status.running
     assert len(records.problems) == 1 and problem in records.problems[0] and "ignored" in records.problems[0]
 
 
-def test_records_are_never_read_through_a_symlink_or_from_a_fifo(tmp_path) -> None:
-    records = JobRecords(str(tmp_path / "job"))
-    records.ensure_dir()
+def test_records_are_never_read_through_a_symlink_or_from_a_fifo(tmp_path, records) -> None:
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text('{"run_id": "a", "pid": 1, "starttime": 0}')
     os.symlink(elsewhere, tmp_path / "job" / "run.json")
