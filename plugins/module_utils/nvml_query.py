@@ -339,6 +339,7 @@ class NvmlSession:
         def reaped() -> bool:
             return os.waitpid(pid, os.WNOHANG)[0] != 0
 
+        # Our own child, not yet reaped: its pid cannot name anyone else (no gate needed).
         if kill:
             os.kill(pid, signal.SIGKILL)
         if poll_until(reaped, grace, CHILD_POLL_INTERVAL, self.clock):

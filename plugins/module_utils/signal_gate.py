@@ -8,7 +8,12 @@ moment is never signalled; without them the start time is re-read right before `
 Before that, :class:`SignalGate` refuses what must never be signalled whatever a plan or a record
 says: PID 1 of the namespace, the process running the module and its ancestors, kernel threads,
 processes matching a protected pattern and, where the caller asks, the members of the module's
-own process group. There is no ``killpg`` anywhere: a group is signalled member by member.
+own process group. No module signals a process group: a group is signalled member by member.
+
+The only signals that do not pass here go to a process's own unreaped child, whose pid the kernel
+cannot hand to anyone else until the parent reaps it: gpu_mem_wait's query child and nvidia-smi
+(nvml_query), and the supervisor's forwarding of SIGTERM to the job's group while the job's leader
+is its unreaped child (launch_supervisor, which runs alone and cannot import this file).
 """
 
 from __future__ import annotations
