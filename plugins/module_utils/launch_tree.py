@@ -217,17 +217,21 @@ def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
 
 
 def _ignored(table: ProcessTable, identity: JobIdentity, members: set[int], supervisor_alive: bool) -> list[dict]:
-    """Recorded pids that name a live process which failed the proof: reported, never signalled."""
+    """Recorded pids that name a live process which failed the proof: reported, never signalled.
+
+    A process proven a member some other way is not reported, whatever role the record gave it.
+    """
     ignored = []
     for role, pid, starttime, proven in (
-        ("pid", identity.pid, identity.starttime, (identity.pid or 0) in members),
+        ("pid", identity.pid, identity.starttime, False),
         ("supervisor_pid", identity.supervisor_pid, identity.supervisor_starttime, supervisor_alive),
     ):
         process = table.processes.get(pid or 0)
-        if process is None or proven or process.is_zombie:
+        if process is None or proven or process.pid in members or process.is_zombie:
             continue
+        mark = "this run's mark" if role == "pid" else "the mark of this job's supervisor"
         why = ("its start time differs from the record's: the pid was reused"
-               if process.starttime != starttime else "it does not carry this run's mark")
+               if process.starttime != starttime else f"it does not carry {mark}")
         ignored.append({"record": role, "pid": process.pid, "comm": process.comm,
                         "reason": f"not this run's process: {why}; ignored"})
     return ignored
