@@ -265,21 +265,21 @@ import math
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import (
     BoundsError,
     check_poll_interval,
     check_seconds,
     check_timeout,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.gpu_wait import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
     ReleaseCondition,
     wait_for_release,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.nvml_query import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     GpuQueryError,
     open_gpu_source,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 
 
 def main() -> None:

@@ -232,7 +232,7 @@ lock_waited_s:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import (
     HAS_PROXMOXER,
     PROXMOX_CONNECTION_REQUIRED_ONE_OF,
     PROXMOX_CONNECTION_REQUIRED_TOGETHER,
@@ -242,7 +242,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox import (
     ProxmoxError,
     proxmox_connection_spec,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.proxmox_ct_power import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.ct_power import (
     CtRebooter,
     CtRebootRequest,
 )

@@ -395,8 +395,8 @@ record_problems:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_control import LaunchController, LaunchError
-from ansible_collections.gpuops.relaunch.plugins.module_utils.launch_spec import SpecError, options_from_params
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import LaunchController, LaunchError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import SpecError, options_from_params
 
 
 def main() -> None:

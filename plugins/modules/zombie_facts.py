@@ -171,19 +171,19 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import (
-    DEFAULT_DRIVER_WCHAN,
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import (
     AssessmentOptions,
     assess,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.bounds import check_timeout
-from ansible_collections.gpuops.relaunch.plugins.module_utils.job_options import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     JOB_SELECTION_SPEC,
     BroadSelectionError,
     job_selection_from_params,
     refuse_broad_selection,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 
 # A reaping init takes an orphan within about 1.5 s; ten minutes is more than any play should watch.
 MAX_ORPHAN_GRACE = 600.0

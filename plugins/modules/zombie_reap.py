@@ -250,20 +250,20 @@ elapsed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.job_options import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     JOB_SELECTION_SPEC,
     BroadSelectionError,
     job_selection_from_params,
     refuse_broad_selection,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcfsError
-from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
     NO_ESCALATION,
     check_own_namespace,
     reap_job,
     summary,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import (
     ReapOptions,
     check_timeout,
     parse_term_signal,

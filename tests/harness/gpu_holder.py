@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 
 from tests.harness.pidns import PidNamespace, process_starttime
 from tests.harness.procstates import ORPHAN, SLEEPER, ZOMBIE_LEADER, Reaper, host_pid

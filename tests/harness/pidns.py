@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 
 NSENTER = "nsenter"
 

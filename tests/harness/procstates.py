@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 
 from tests.harness.pidns import process_starttime, stat_fields
 

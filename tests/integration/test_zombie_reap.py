@@ -334,10 +334,10 @@ RECYCLE = textwrap.dedent(r"""
     # process take exactly the pid of the one that just exited.
     import json, os, re, subprocess, sys
     sys.path.insert(0, sys.argv[1])
-    from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_executor import (
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
         Executor, ProcessControl, snapshot_for_plan)
-    from ansible_collections.gpuops.relaunch.plugins.module_utils.reap_plan import ReapOptions, plan_reap
-    from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import JobSelector
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import ReapOptions, plan_reap
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JobSelector
 
     SLEEP = [sys.executable, "-c", "import time; time.sleep(3600)", "/w/run/train.py"]
     options = ReapOptions(term_timeout=1, kill_timeout=1, reap_timeout=1, d_state_timeout=1)

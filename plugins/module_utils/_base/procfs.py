@@ -1,0 +1,364 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One snapshot of a process table, read from a /proc root.
+
+The scan reads only what is needed: ``stat`` of every process (one read each), ``cmdline`` only of
+processes that can have one, and threads, wchan and open files only of the few processes that are
+interesting (zombies with threads, D-state, the job, possible GPU holders). Processes vanish while
+we read; that is normal and never an error. A process is identified by (pid, starttime) so that a
+recycled pid is never mistaken for the process seen earlier.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Pattern
+
+PF_KTHREAD = 0x00200000
+# The wchan of a thread asleep in the NVIDIA driver (uvm_*, nv_*, os_*): where only the host helps.
+DEFAULT_DRIVER_WCHAN = r"^(uvm_|nv_|nvidia|os_|_nv)"
+_READ_SIZE = 4096
+
+
+def read_small(path: str) -> bytes | None:
+    """The content of a small /proc file, or None if it (or its process) is gone or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, _READ_SIZE)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if len(chunk) < _READ_SIZE:
+                break
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class StatFields:
+    """The fields of /proc/PID/stat (or task/TID/stat) that we use."""
+
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    flags: int
+    threads: int
+    starttime: int
+
+
+def parse_stat(raw: bytes) -> StatFields | None:
+    """Parse a stat line; comm may hold spaces and ')' so split after the *last* ')'."""
+    try:
+        open_paren = raw.index(b"(")
+        close_paren = raw.rindex(b")")
+        comm = raw[open_paren + 1:close_paren].decode("utf-8", "replace")
+        rest = raw[close_paren + 2:].split()
+        return StatFields(
+            comm=comm,
+            state=rest[0].decode("ascii", "replace"),
+            ppid=int(rest[1]),
+            pgid=int(rest[2]),
+            sid=int(rest[3]),
+            flags=int(rest[6]),
+            threads=int(rest[17]),
+            starttime=int(rest[19]),
+        )
+    except (ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Thread:
+    """One thread (task) of a process."""
+
+    tid: int
+    state: str
+    wchan: str
+    comm: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"tid": self.tid, "state": self.state, "wchan": self.wchan, "comm": self.comm}
+
+
+@dataclass
+class Process:
+    """One process as seen in the snapshot."""
+
+    pid: int
+    starttime: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    comm: str
+    threads: int
+    is_kernel_thread: bool
+    cmdline: str = ""
+    uid: int | None = None
+    task_list: list[Thread] = field(default_factory=list)
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(pid, starttime): what tells a process apart from a later one that reuses its pid."""
+        return (self.pid, self.starttime)
+
+    @property
+    def is_zombie(self) -> bool:
+        return self.state == "Z"
+
+    @property
+    def live_threads(self) -> list[Thread]:
+        """Threads that have not exited (a Zl leader's main thread is Z, the others run on)."""
+        return [t for t in self.task_list if t.state not in ("Z", "X")]
+
+
+@dataclass(frozen=True)
+class DeviceHolder:
+    """A process (or one of its threads) with an open file matching the GPU device glob."""
+
+    pid: int
+    tid: int
+    comm: str
+    state: str
+    device: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"pid": self.pid, "tid": self.tid, "comm": self.comm, "state": self.state, "device": self.device}
+
+
+class ProcessTable:
+    """A snapshot of all processes under a /proc root, with lazy per-process detail."""
+
+    def __init__(self, processes: dict[int, Process], proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
+        self.processes = processes
+        self._children: dict[int, list[int]] | None = None
+
+    # --- reading -----------------------------------------------------------------------------
+
+    @classmethod
+    def scan(cls, proc_root: str = "/proc") -> "ProcessTable":
+        """Read every process's stat (and cmdline where it can have one) once."""
+        processes: dict[int, Process] = {}
+        try:
+            names = os.listdir(proc_root)
+        except OSError as exc:
+            raise ProcfsError(f"cannot list {proc_root}: {exc.strerror}") from exc
+        for name in names:
+            if not name.isdigit():
+                continue
+            process = _read_process(proc_root, int(name))
+            if process is not None:
+                processes[process.pid] = process
+        return cls(processes, proc_root)
+
+    def refresh(self, pid: int) -> Process | None:
+        """Re-read one process; None if it is gone or its pid now belongs to another process."""
+        seen = self.processes.get(pid)
+        now = _read_process(self.proc_root, pid)
+        if now is None or (seen is not None and now.starttime != seen.starttime):
+            return None
+        return now
+
+    def load_threads(self, pid: int) -> list[Thread]:
+        """Read (once) the threads of `pid` with their state and wchan."""
+        process = self.processes[pid]
+        if not process.task_list:
+            process.task_list = list(_read_threads(self.proc_root, pid))
+        return process.task_list
+
+    def load_uid(self, pid: int) -> int | None:
+        process = self.processes[pid]
+        if process.uid is None:
+            try:
+                process.uid = os.stat(f"{self.proc_root}/{pid}").st_uid
+            except OSError:
+                process.uid = None
+        return process.uid
+
+    def environ_value(self, pid: int, name: str) -> str | None:
+        """The value of `name` in the environment `pid` was started with (None if absent or unreadable).
+
+        Read after the scan, so the start time is checked again afterwards: what was read belongs
+        to the process the scan saw, not to a later one that got its pid.
+        """
+        process = self.processes.get(pid)
+        raw = read_small(f"{self.proc_root}/{pid}/environ") if process is not None else None
+        if not raw:
+            return None
+        now = read_small(f"{self.proc_root}/{pid}/stat")
+        fields = parse_stat(now) if now is not None else None
+        if fields is None or fields.starttime != process.starttime:
+            return None
+        prefix = name.encode() + b"="
+        for entry in raw.split(b"\0"):
+            if entry.startswith(prefix):
+                return entry[len(prefix):].decode("utf-8", "surrogateescape")
+        return None
+
+    # --- structure ---------------------------------------------------------------------------
+
+    @property
+    def children(self) -> dict[int, list[int]]:
+        if self._children is None:
+            children: dict[int, list[int]] = {}
+            for process in self.processes.values():
+                children.setdefault(process.ppid, []).append(process.pid)
+            self._children = children
+        return self._children
+
+    def descendants(self, pid: int) -> list[int]:
+        """All descendants of `pid` in the snapshot, breadth first."""
+        found: list[int] = []
+        queue = list(self.children.get(pid, ()))
+        seen = set(queue)
+        while queue:
+            child = queue.pop(0)
+            found.append(child)
+            for grandchild in self.children.get(child, ()):
+                if grandchild not in seen:
+                    seen.add(grandchild)
+                    queue.append(grandchild)
+        return found
+
+    def ancestors(self, pid: int) -> list[int]:
+        """The parent chain of `pid`, nearest first, ending at the namespace's PID 1 (or 0)."""
+        chain: list[int] = []
+        current = self.processes.get(pid)
+        while current is not None and current.ppid > 0 and current.ppid not in chain:
+            chain.append(current.ppid)
+            current = self.processes.get(current.ppid)
+        return chain
+
+    # --- selection ---------------------------------------------------------------------------
+
+    def matching(self, patterns: Iterable[Pattern[str]]) -> list[int]:
+        """Processes whose full command line matches any pattern (kernel threads never do)."""
+        compiled = list(patterns)
+        if not compiled:
+            return []
+        return sorted(
+            p.pid for p in self.processes.values()
+            if p.cmdline and any(rx.search(p.cmdline) for rx in compiled)
+        )
+
+    def device_holders(self, device_glob: str, candidates: Iterable[int] | None = None) -> list[DeviceHolder]:
+        """Processes/threads with an open fd whose target matches `device_glob`.
+
+        Reads ``task/*/fd`` only where it differs from the process's ``fd`` (a zombie leader's own
+        ``fd/`` is empty while its live threads still hold the files). Skips the whole fd walk when
+        nothing on this machine matches the glob: then nobody can hold such a device.
+        """
+        if not glob.glob(device_glob):
+            return []
+        holders: list[DeviceHolder] = []
+        pids = sorted(self.processes) if candidates is None else sorted(set(candidates))
+        for pid in pids:
+            process = self.processes.get(pid)
+            if process is None or process.is_kernel_thread:
+                continue
+            if process.is_zombie:
+                for thread in self.load_threads(pid):
+                    if thread.state in ("Z", "X"):
+                        continue
+                    for device in _open_devices(f"{self.proc_root}/{pid}/task/{thread.tid}/fd", device_glob):
+                        holders.append(DeviceHolder(pid, thread.tid, thread.comm, thread.state, device))
+                continue
+            for device in _open_devices(f"{self.proc_root}/{pid}/fd", device_glob):
+                holders.append(DeviceHolder(pid, pid, process.comm, process.state, device))
+        return holders
+
+
+class ProcfsError(Exception):
+    """The /proc root cannot be read at all."""
+
+
+def _read_process(proc_root: str, pid: int) -> Process | None:
+    raw = read_small(f"{proc_root}/{pid}/stat")
+    if raw is None:
+        return None
+    fields = parse_stat(raw)
+    if fields is None:
+        return None
+    # The flag alone: inside a PID namespace, pid 2 and its children are ordinary processes.
+    is_kernel_thread = bool(fields.flags & PF_KTHREAD)
+    process = Process(
+        pid=pid,
+        starttime=fields.starttime,
+        ppid=fields.ppid,
+        pgid=fields.pgid,
+        sid=fields.sid,
+        state=fields.state,
+        comm=fields.comm,
+        threads=fields.threads,
+        is_kernel_thread=is_kernel_thread,
+    )
+    # Kernel threads and zombies have an empty cmdline: no need to read it.
+    if not is_kernel_thread and fields.state != "Z":
+        cmdline = read_small(f"{proc_root}/{pid}/cmdline")
+        if cmdline:
+            process.cmdline = cmdline.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    return process
+
+
+def _read_threads(proc_root: str, pid: int) -> Iterator[Thread]:
+    task_dir = f"{proc_root}/{pid}/task"
+    try:
+        tids = sorted(int(name) for name in os.listdir(task_dir) if name.isdigit())
+    except OSError:
+        return
+    for tid in tids:
+        raw = read_small(f"{task_dir}/{tid}/stat")
+        fields = parse_stat(raw) if raw is not None else None
+        if fields is None:
+            continue
+        wchan = read_small(f"{task_dir}/{tid}/wchan") or b""
+        wchan_text = wchan.decode("ascii", "replace").strip()
+        yield Thread(tid=tid, state=fields.state, wchan="" if wchan_text == "0" else wchan_text, comm=fields.comm)
+
+
+def _open_devices(fd_dir: str, device_glob: str) -> list[str]:
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return []
+    devices: list[str] = []
+    for name in names:
+        try:
+            target = os.readlink(f"{fd_dir}/{name}")
+        except OSError:
+            continue
+        if fnmatch.fnmatchcase(target, device_glob) and target not in devices:
+            devices.append(target)
+    return sorted(devices)
+
+
+def compile_patterns(patterns: Iterable[str], option: str) -> list[Pattern[str]]:
+    """Compile user regexes; a bad one raises ValueError naming the option and the pattern."""
+    compiled: list[Pattern[str]] = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as exc:
+            raise ValueError(f"{option}: {pattern!r} is not a valid regular expression: {exc}") from exc
+    return compiled
+
+
+def self_and_ancestors(table: ProcessTable, pid: int | None = None) -> set[int]:
+    """The given pid (default: this process) and its whole parent chain in `table`."""
+    own = os.getpid() if pid is None else pid
+    return {own, *table.ancestors(own)}

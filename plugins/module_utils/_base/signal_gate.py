@@ -1,0 +1,164 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one gate every signal of this collection passes: to an exact process, never a protected one.
+
+A signal goes to one (pid, starttime) identity that a scan saw. With pidfds (Linux 5.3+, Python
+3.9+) the process is pinned first and its start time checked after that, so a pid recycled at any
+moment is never signalled; without them the start time is re-read right before ``kill()``.
+Before that, :class:`SignalGate` refuses what must never be signalled whatever a plan or a record
+says: PID 1 of the namespace, the process running the module and its ancestors, kernel threads,
+processes matching a protected pattern and, where the caller asks, the members of the module's
+own process group. No module signals a process group: a group is signalled member by member.
+
+The only signals that do not pass here go to a process's own unreaped child, whose pid the kernel
+cannot hand to anyone else until the parent reaps it: gpu_mem_wait's query child and nvidia-smi
+(nvml_query), and the supervisor's forwarding of SIGTERM to the job's group while the job's leader
+is its unreaped child (launch_supervisor, which runs alone and cannot import this file).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable, Thread
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID, Protection
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A process as the snapshot saw it; (pid, starttime) tells it apart from a later one."""
+
+    pid: int
+    starttime: int
+    comm: str
+
+    @classmethod
+    def of(cls, process: Process) -> "Identity":
+        return cls(process.pid, process.starttime, process.comm)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.starttime)
+
+
+SENT = "sent"
+GONE = "gone"
+RECYCLED = "recycled"
+REFUSED = "refused"
+DENIED = "denied"
+
+
+class ProcessControl:
+    """Looks at and signals processes of the PID namespace this code runs in, by identity."""
+
+    def __init__(self, proc_root: str = "/proc", use_pidfd: bool | None = None) -> None:
+        self.proc_root = proc_root
+        has_pidfd = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+        self.use_pidfd = has_pidfd if use_pidfd is None else (use_pidfd and has_pidfd)
+        self._empty = ProcessTable({}, proc_root)
+
+    # --- looking -----------------------------------------------------------------------------
+
+    def look(self, pid: int) -> Process | None:
+        """The process that has `pid` now, or None."""
+        return self._empty.refresh(pid)
+
+    def threads(self, pid: int) -> list[Thread]:
+        process = self.look(pid)
+        if process is None:
+            return []
+        return ProcessTable({pid: process}, self.proc_root).load_threads(pid)
+
+    # --- signalling --------------------------------------------------------------------------
+
+    def send(self, target: Identity, sig: signal.Signals) -> str:
+        """Signal exactly `target`: SENT, or GONE / RECYCLED / DENIED / REFUSED and nothing sent."""
+        if target.pid <= NAMESPACE_INIT_PID:
+            return REFUSED
+        if self.use_pidfd:
+            try:
+                return self._send_by_pidfd(target, sig)
+            except OSError as exc:
+                if not _pidfd_unsupported(exc):
+                    raise
+                self.use_pidfd = False
+        return self._deliver_to_same(target, lambda: self._kill(target.pid, sig))
+
+    def _send_by_pidfd(self, target: Identity, sig: signal.Signals) -> str:
+        try:
+            handle = self._open(target.pid)
+        except ProcessLookupError:
+            return GONE
+        try:
+            # The handle pins one process; checking the start time after opening it proves it is
+            # the one the plan saw (a reused pid shows another start time and is left alone).
+            return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig))
+        finally:
+            self._close(handle)
+
+    def _deliver_to_same(self, target: Identity, deliver: Callable[[], None]) -> str:
+        """`deliver()` the signal if `target.pid` still has the start time the plan saw."""
+        now = self.look(target.pid)
+        if now is None:
+            return GONE
+        if now.starttime != target.starttime:
+            return RECYCLED
+        try:
+            deliver()
+        except ProcessLookupError:
+            return GONE
+        except PermissionError:
+            return DENIED
+        return SENT
+
+    # The kernel primitives, one method each so that a simulated kernel can stand in for them.
+    def _open(self, pid: int) -> Any:
+        return os.pidfd_open(pid)  # pylint: disable=no-member
+
+    def _signal_handle(self, handle: Any, sig: signal.Signals) -> None:
+        signal.pidfd_send_signal(handle, sig)  # pylint: disable=no-member
+
+    def _close(self, handle: Any) -> None:
+        os.close(handle)
+
+    def _kill(self, pid: int, sig: signal.Signals) -> None:
+        os.kill(pid, sig)
+
+
+def _pidfd_unsupported(exc: OSError) -> bool:
+    """pidfd_open is missing from this kernel (or refused by a seccomp filter)."""
+    return exc.errno in (errno.ENOSYS, errno.EPERM) and not isinstance(exc, ProcessLookupError)
+
+
+class SignalGate:
+    """Protection first, then delivery to the exact identity: the only way this collection signals.
+
+    `spare_group`: a process group whose members are never signalled either. The launch path passes
+    the module's own group: the controller's other workers sit there, and a job's helper that runs
+    Ansible carries the job's mark into them.
+    """
+
+    def __init__(self, protection: Protection, control: ProcessControl, spare_group: int | None = None) -> None:
+        self.protection = protection
+        self.control = control
+        self.spare_group = spare_group
+
+    def refusal(self, pid: int) -> str | None:
+        """Why `pid` must not be signalled, or None."""
+        reason = self.protection.reason(pid)
+        if reason is not None:
+            return reason
+        process = self.protection.table.processes.get(pid)
+        if self.spare_group is not None and process is not None and process.pgid == self.spare_group:
+            return "in the process group of the Ansible process running this module"
+        return None
+
+    def send(self, target: Identity, sig: signal.Signals) -> str:
+        """SENT, or REFUSED / GONE / RECYCLED / DENIED and nothing sent."""
+        if self.refusal(target.pid) is not None:
+            return REFUSED
+        return self.control.send(target, sig)

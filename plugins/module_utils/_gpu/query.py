@@ -1,0 +1,512 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Read GPU memory and compute processes from NVML, never letting a hung driver hang the caller.
+
+NVML calls can block for ever in uninterruptible sleep inside the driver. So NVML is never loaded
+in the calling process: a forked child (:class:`NvmlSession`) loads ``pynvml`` (package
+``nvidia-ml-py``), initialises it once, and answers one query per request over a pipe; the caller
+waits for each answer with its own deadline and, when it passes, kills the child and reports a
+hung query. Where the Python bindings are not installed, :class:`NvidiaSmiSession` reads the same
+facts from ``nvidia-smi --query-gpu``/``--query-compute-apps`` CSV, each run under a deadline too.
+
+Failures are classified by NVML error code (``nvidia-smi`` exits with the same codes), so the
+caller can say "driver not loaded" rather than print a traceback; :data:`NO_GPU_KINDS` are the
+ones that mean "this host has no usable NVIDIA GPU at all".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_seconds
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline, poll_until
+
+MIB = 1024 * 1024
+
+# Error kinds, named after what the operator has to do about them.
+NOT_INSTALLED = "not_installed"
+LIBRARY_NOT_FOUND = "library_not_found"
+DRIVER_NOT_LOADED = "driver_not_loaded"
+NO_DEVICES = "no_devices"
+VERSION_MISMATCH = "version_mismatch"
+GPU_LOST = "gpu_lost"
+RESET_REQUIRED = "reset_required"
+NO_PERMISSION = "no_permission"
+HUNG = "hung"
+NVML_ERROR = "nvml_error"
+
+NO_GPU_KINDS = frozenset({NOT_INSTALLED, LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, NO_DEVICES})
+
+# NVML return codes (nvml.h); nvidia-smi uses the same numbers as exit codes.
+_KIND_BY_CODE = {
+    4: NO_PERMISSION,
+    6: NO_DEVICES,  # nvidia-smi: "No devices were found"
+    9: DRIVER_NOT_LOADED,
+    12: LIBRARY_NOT_FOUND,
+    15: GPU_LOST,
+    16: RESET_REQUIRED,
+    18: VERSION_MISMATCH,
+    28: GPU_LOST,  # NVML_ERROR_GPU_NOT_FOUND: the device went away
+}
+
+_ADVICE = {
+    NOT_INSTALLED: "neither the NVML Python bindings (pip package nvidia-ml-py) nor nvidia-smi are installed on the target",
+    LIBRARY_NOT_FOUND: "the NVML library (libnvidia-ml.so.1) was not found: no NVIDIA driver is installed here",
+    DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded (or /dev/nvidia* is not passed into this container)",
+    NO_DEVICES: "the NVIDIA driver reports no GPU",
+    VERSION_MISMATCH: "the NVML library and the loaded kernel driver differ in version "
+                      "(a driver upgrade without a reboot, or a container with another driver's libraries): reboot the host or match the versions",
+    GPU_LOST: "a GPU is lost (fell off the bus or stopped answering): only a host reboot or GPU reset brings it back",
+    RESET_REQUIRED: "a GPU requires a reset (nvidia-smi --gpu-reset or a host reboot)",
+    NO_PERMISSION: "no permission to query the GPU",
+    HUNG: "the GPU query did not answer",
+    NVML_ERROR: "NVML failed",
+}
+
+
+class GpuQueryError(Exception):
+    """A GPU query failed; `kind` says which way (one of the kind constants above)."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        self.kind = kind
+        self.detail = detail
+        message = _ADVICE.get(kind, kind)
+        super().__init__(f"{message} ({detail})" if detail else message)
+
+    @property
+    def means_no_gpu(self) -> bool:
+        return self.kind in NO_GPU_KINDS
+
+
+def kind_of_code(code: int) -> str:
+    return _KIND_BY_CODE.get(code, NVML_ERROR)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU; `pid` is a pid of the host's PID namespace."""
+
+    pid: int
+    used_bytes: int | None
+
+    @property
+    def used_mib(self) -> float | None:
+        return None if self.used_bytes is None else round(self.used_bytes / MIB, 1)
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU's memory as the driver reports it. `used_bytes` excludes the driver's reservation."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+    reserved_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+
+    @property
+    def used_mib(self) -> float:
+        return round(self.used_bytes / MIB, 1)
+
+    @property
+    def total_mib(self) -> float:
+        return round(self.total_bytes / MIB, 1)
+
+    @property
+    def used_percent(self) -> float:
+        return 100.0 * self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+class GpuSource(Protocol):
+    """Where GPU facts come from: a query answers for the given indices (None: all GPUs)."""
+
+    backend: str
+
+    def query(self, indices: list[int] | None = None) -> list[GpuDevice]: ...
+
+    def close(self) -> None: ...
+
+
+# --- the NVML child -----------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _nvml_devices(pynvml: Any, indices: list[int] | None) -> list[dict[str, Any]]:
+    """Runs in the child: the facts of the requested GPUs as plain data."""
+    count = pynvml.nvmlDeviceGetCount()
+    devices = []
+    for index in range(count) if indices is None else indices:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        reserved = None
+        version = getattr(pynvml, "nvmlMemory_v2", None)
+        try:
+            # v2 reports the driver's reservation apart from "used"; v1 counts it as used.
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=version) if version else None
+            reserved = getattr(memory, "reserved", None)
+        except (TypeError, pynvml.NVMLError):
+            memory = None
+        if memory is None:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        processes = [
+            {"pid": int(p.pid), "used_bytes": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        ]
+        devices.append({
+            "index": index,
+            "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
+            "name": _text(pynvml.nvmlDeviceGetName(handle)),
+            "total_bytes": int(memory.total),
+            "used_bytes": int(memory.used),
+            "reserved_bytes": None if reserved is None else int(reserved),
+            "processes": processes,
+        })
+    return devices
+
+
+def _nvml_error(exc: BaseException) -> dict[str, Any]:
+    code = getattr(exc, "value", None)
+    if type(exc).__name__ == "NVMLLibraryMismatchError":
+        return {"error": VERSION_MISMATCH, "detail": str(exc)}
+    if isinstance(code, int):
+        return {"error": kind_of_code(code), "detail": f"NVML error {code}: {exc} ({type(exc).__name__})"}
+    return {"error": NVML_ERROR, "detail": f"{type(exc).__name__}: {exc}"}
+
+
+def _serve(requests: int, replies: int) -> None:
+    """The child's loop: load NVML once, then answer each request line with one reply line."""
+    def reply(message: dict[str, Any]) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        while data:
+            data = data[os.write(replies, data):]
+
+    try:
+        import pynvml  # pylint: disable=import-outside-toplevel
+    except ImportError as exc:
+        reply({"error": NOT_INSTALLED, "detail": f"import pynvml: {exc}"})
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # pylint: disable=broad-except
+        reply(_nvml_error(exc))
+        return
+    reply({"ready": True})
+    with os.fdopen(requests, "rb") as incoming:
+        for line in incoming:
+            request = json.loads(line)
+            if request.get("quit"):
+                break
+            try:
+                reply({"devices": _nvml_devices(pynvml, request.get("indices"))})
+            except Exception as exc:  # pylint: disable=broad-except
+                reply(_nvml_error(exc))
+    try:
+        pynvml.nvmlShutdown()
+    except Exception:  # pylint: disable=broad-except
+        pass
+
+
+def _detach_stdio(keep: set[int]) -> None:
+    """In the child: nothing may hold the module's stdout, or Ansible waits for a hung child."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+# How often the ending query process is looked for: it is normally gone within milliseconds.
+CHILD_POLL_INTERVAL = 0.01
+
+
+class NvmlSession:
+    """NVML in a child process: one initialisation, then queries, each answered within a deadline."""
+
+    backend = "pynvml"
+
+    def __init__(self, query_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.query_timeout = check_seconds("query_timeout", query_timeout, allow_minimum=False)
+        self.clock = clock
+        self.pid: int | None = None
+        self._requests: int | None = None
+        self._replies: int | None = None
+        self._buffer = b""
+
+    def start(self) -> None:
+        """Fork the child and wait for NVML to initialise; GpuQueryError if it cannot."""
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            status = 0
+            try:
+                os.close(request_write)
+                os.close(reply_read)
+                _detach_stdio({request_read, reply_write})
+                _serve(request_read, reply_write)
+            except BaseException:  # pylint: disable=broad-except
+                status = 1
+            os._exit(status)  # never run the parent's clean-up handlers in the child
+        os.close(request_read)
+        os.close(reply_write)
+        self.pid, self._requests, self._replies = pid, request_write, reply_read
+        answer = self._receive("initialising NVML")
+        if "error" in answer:
+            self.close()
+            raise GpuQueryError(answer["error"], answer.get("detail", ""))
+
+    def query(self, indices: list[int] | None = None) -> list[GpuDevice]:
+        if self.pid is None:
+            self.start()
+        try:
+            self._send({"indices": indices})
+        except OSError as exc:
+            self._end_child(grace=0.5, kill=True)
+            raise GpuQueryError(NVML_ERROR, f"the NVML query process is gone: {exc}") from exc
+        answer = self._receive("querying GPU memory")
+        if "error" in answer:
+            raise GpuQueryError(answer["error"], answer.get("detail", ""))
+        if indices is None and not answer["devices"]:
+            raise GpuQueryError(NO_DEVICES, "nvmlDeviceGetCount() is 0")
+        return [_device_from_dict(d) for d in answer["devices"]]
+
+    def close(self) -> None:
+        if self.pid is None:
+            return
+        try:
+            self._send({"quit": True})
+        except OSError:
+            pass
+        self._end_child(grace=1.0)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._requests is None:
+            raise OSError("no NVML query process")
+        os.write(self._requests, (json.dumps(message) + "\n").encode())
+
+    def _receive(self, doing: str) -> dict[str, Any]:
+        if self._replies is None:
+            raise GpuQueryError(NVML_ERROR, f"no NVML query process while {doing}")
+        deadline = Deadline(self.query_timeout, self.clock)
+        while b"\n" not in self._buffer:
+            if deadline.expired():
+                hung_pid = self.pid
+                left = self._end_child(grace=0.5, kill=True)
+                where = f"; the query process {hung_pid} did not end after SIGKILL (it is stuck in the kernel)" if left else ""
+                raise GpuQueryError(HUNG, f"{doing} took longer than query_timeout={self.query_timeout:g}s{where}")
+            readable = select.select([self._replies], [], [], deadline.remaining())[0]
+            if not readable:
+                continue
+            chunk = os.read(self._replies, 65536)
+            if not chunk:
+                self._end_child(grace=0.5, kill=True)
+                raise GpuQueryError(NVML_ERROR, f"the NVML query process died while {doing}")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _end_child(self, grace: float, kill: bool = False) -> bool:
+        """Make sure the child ends (SIGKILL once `grace` passes, or at once with `kill`).
+
+        True if it is still there after that: stuck in the kernel, where no signal reaches it.
+        It is then left behind rather than waited for.
+        """
+        pid, self.pid = self.pid, None
+        for fd in (self._requests, self._replies):
+            if fd is not None:
+                os.close(fd)
+        self._requests = self._replies = None
+        self._buffer = b""
+        if pid is None:
+            return False
+
+        def reaped() -> bool:
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
+
+        # Our own child, not yet reaped: its pid cannot name anyone else (no gate needed).
+        if kill:
+            os.kill(pid, signal.SIGKILL)
+        if poll_until(reaped, grace, CHILD_POLL_INTERVAL, self.clock):
+            return False
+        if kill:
+            return True
+        os.kill(pid, signal.SIGKILL)
+        return not poll_until(reaped, grace, CHILD_POLL_INTERVAL, self.clock)
+
+
+def _device_from_dict(data: dict[str, Any]) -> GpuDevice:
+    return GpuDevice(
+        index=data["index"],
+        uuid=data["uuid"],
+        name=data["name"],
+        total_bytes=data["total_bytes"],
+        used_bytes=data["used_bytes"],
+        reserved_bytes=data.get("reserved_bytes"),
+        processes=tuple(GpuProcess(p["pid"], p["used_bytes"]) for p in data.get("processes", [])),
+    )
+
+
+# --- the nvidia-smi fallback ---------------------------------------------------------------------
+
+# The name goes last: it is the only free text, so a comma in it cannot shift the other columns.
+QUERY_GPU = ["--query-gpu=index,uuid,memory.total,memory.used,name", "--format=csv,noheader,nounits"]
+QUERY_APPS = ["--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"]
+
+
+def _csv_rows(text: str, columns: int) -> list[list[str]]:
+    """Rows of `columns` cells; only the last column may hold free text (commas included)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [cell.strip() for cell in line.split(",", columns - 1)]
+        if len(cells) != columns:
+            raise GpuQueryError(NVML_ERROR, f"unexpected nvidia-smi output line: {line!r}")
+        rows.append(cells)
+    return rows
+
+
+def _mib_cell(cell: str) -> int | None:
+    try:
+        return int(float(cell) * MIB)
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]", "[Insufficient Permissions]"
+
+
+def parse_nvidia_smi(gpus_csv: str, apps_csv: str) -> list[GpuDevice]:
+    """GPUs from the two CSV outputs (``--format=csv,noheader,nounits``; memory in MiB)."""
+    processes: dict[str, list[GpuProcess]] = {}
+    for uuid, pid, used in _csv_rows(apps_csv, 3):
+        try:
+            processes.setdefault(uuid, []).append(GpuProcess(int(pid), _mib_cell(used)))
+        except ValueError as exc:
+            raise GpuQueryError(NVML_ERROR, f"unexpected nvidia-smi process line: {uuid}, {pid}, {used}") from exc
+    devices = []
+    for index, uuid, total, used, name in _csv_rows(gpus_csv, 5):
+        try:
+            devices.append(GpuDevice(
+                index=int(index),
+                uuid=uuid,
+                name=name,
+                total_bytes=_mib_cell(total) or 0,
+                used_bytes=_mib_cell(used) or 0,
+                processes=tuple(processes.get(uuid, ())),
+            ))
+        except ValueError as exc:
+            raise GpuQueryError(NVML_ERROR, f"unexpected nvidia-smi GPU line: {index}, {uuid}, {name}") from exc
+    return devices
+
+
+def classify_nvidia_smi_failure(returncode: int, output: str) -> GpuQueryError:
+    """nvidia-smi exits with the NVML code; its wording tells the rest."""
+    text = " ".join(output.split())
+    lowered = text.lower()
+    if "version mismatch" in lowered:
+        kind = VERSION_MISMATCH
+    elif "couldn't communicate with the nvidia driver" in lowered:
+        kind = DRIVER_NOT_LOADED
+    elif "couldn't find libnvidia-ml.so" in lowered:
+        kind = LIBRARY_NOT_FOUND
+    elif "gpu is lost" in lowered or "fallen off the bus" in lowered:
+        kind = GPU_LOST
+    elif "no devices were found" in lowered:
+        kind = NO_DEVICES
+    else:
+        kind = kind_of_code(returncode)
+    return GpuQueryError(kind, f"nvidia-smi exited {returncode}: {text[:300]}")
+
+
+class NvidiaSmiSession:
+    """The nvidia-smi fallback: two CSV queries per poll, each under the query deadline."""
+
+    backend = "nvidia-smi"
+
+    def __init__(self, executable: str, query_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.executable = executable
+        self.query_timeout = check_seconds("query_timeout", query_timeout, allow_minimum=False)
+        self.clock = clock
+
+    def query(self, indices: list[int] | None = None) -> list[GpuDevice]:
+        deadline = Deadline(self.query_timeout, self.clock)
+        gpus = self._run(QUERY_GPU, deadline)
+        apps = self._run(QUERY_APPS, deadline)
+        devices = parse_nvidia_smi(gpus, apps)
+        return devices if indices is None else [d for d in devices if d.index in indices]
+
+    def close(self) -> None:
+        pass
+
+    def _run(self, arguments: list[str], deadline: Deadline) -> str:
+        try:
+            proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [self.executable, *arguments],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )
+        except FileNotFoundError as exc:
+            raise GpuQueryError(NOT_INSTALLED, f"{self.executable}: not found") from exc
+        except OSError as exc:
+            raise GpuQueryError(NVML_ERROR, f"{self.executable}: {exc.strerror}") from exc
+        try:
+            output = proc.communicate(timeout=deadline.remaining())[0]
+        except subprocess.TimeoutExpired as exc:
+            proc.kill()
+            try:
+                proc.communicate(timeout=1.0)
+                where = ""
+            except subprocess.TimeoutExpired:
+                where = f"; nvidia-smi (pid {proc.pid}) did not end after SIGKILL (it is stuck in the kernel)"
+            raise GpuQueryError(
+                HUNG, f"nvidia-smi {arguments[0]} took longer than query_timeout={self.query_timeout:g}s{where}"
+            ) from exc
+        text = output.decode("utf-8", "replace")
+        if proc.returncode != 0:
+            raise classify_nvidia_smi_failure(proc.returncode, text)
+        return text
+
+
+def find_executable(name: str, path: str | None = None) -> str | None:
+    """`name` if it is a path to an executable, else the first match on PATH."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) else None
+    for directory in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def open_gpu_source(backend: str, nvidia_smi: str, query_timeout: float) -> GpuSource:
+    """The first source that works: NVML bindings, else nvidia-smi (for backend=auto).
+
+    Raises GpuQueryError; when neither is installed its kind is NOT_INSTALLED.
+    """
+    if backend in ("auto", "pynvml"):
+        session = NvmlSession(query_timeout)
+        try:
+            session.start()
+            return session
+        except GpuQueryError as exc:
+            if backend == "pynvml" or exc.kind != NOT_INSTALLED:
+                raise
+    executable = find_executable(nvidia_smi)
+    if executable is None:
+        if backend == "nvidia-smi":
+            raise GpuQueryError(NOT_INSTALLED, f"nvidia_smi: {nvidia_smi} not found")
+        raise GpuQueryError(NOT_INSTALLED, f"no module pynvml and no {nvidia_smi} on PATH")
+    return NvidiaSmiSession(executable, query_timeout)

@@ -1,0 +1,403 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Wait until GPUs are really free, and say what still holds them when they are not.
+
+The condition is polled with a deadline (:func:`wait_for_release`): per GPU, used memory back
+under a ceiling (by default a small baseline: the driver keeps some memory, so "free" is not zero),
+optionally no compute process listed; optionally some pids gone and the host's ``MemAvailable``
+back above a floor (large pinned host memory takes tens of seconds to come back after a kill).
+
+At the deadline every process still on a GPU is described with the process model
+(:class:`~.procfs.ProcessTable`): a zombie, a zombie leader whose threads still run, a thread in
+uninterruptible sleep and its wait channel -- or not visible at all, because NVML reports pids of
+the host's PID namespace and a container does not see those. From that follows a verdict saying
+what would help: signals and reaping, only a container restart, or only the host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_poll_interval, check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
+    MIB,
+    GpuDevice,
+    GpuSource,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
+    DEFAULT_DRIVER_WCHAN,
+    Process,
+    ProcessTable,
+    read_small,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
+
+GIB = 1024 * MIB
+# What a GPU with no process on it may still show as used (v2 "used" excludes the reservation).
+DEFAULT_BASELINE_MIB = 256.0
+# The inode of the initial PID namespace is fixed by the kernel (PROC_PID_INIT_INO).
+INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
+_DRIVER_WCHAN = re.compile(DEFAULT_DRIVER_WCHAN)
+
+RELEASED = "released"
+HELD = "held"
+NEEDS_REBOOT = "needs_reboot"
+NEEDS_HOST_ACTION = "needs_host_action"
+_VERDICT_ORDER = (RELEASED, HELD, NEEDS_REBOOT, NEEDS_HOST_ACTION)
+
+
+@dataclass(frozen=True)
+class ReleaseCondition:
+    """What "released" means. With neither ceiling given, used memory must be under the baseline."""
+
+    max_used_mib: float | None = None
+    max_used_percent: float | None = None
+    no_processes: bool = False
+    pids_gone: tuple[int, ...] = ()
+    min_host_available_gib: float | None = None
+
+    @property
+    def ceiling_mib(self) -> float | None:
+        if self.max_used_mib is None and self.max_used_percent is None:
+            return DEFAULT_BASELINE_MIB
+        return self.max_used_mib
+
+
+def unmet_on_device(device: GpuDevice, condition: ReleaseCondition) -> list[str]:
+    """What still keeps `device` from counting as released (empty: released)."""
+    unmet = _memory_unmet(device, condition)
+    if condition.no_processes and device.processes:
+        pids = ", ".join(str(p.pid) for p in device.processes)
+        unmet.append(f"GPU {device.index}: compute processes still listed: {pids}")
+    return unmet
+
+
+def _memory_unmet(device: GpuDevice, condition: ReleaseCondition) -> list[str]:
+    unmet = []
+    ceiling = condition.ceiling_mib
+    if ceiling is not None and device.used_bytes > ceiling * MIB:
+        unmet.append(f"GPU {device.index}: {device.used_mib:g} MiB used, more than {ceiling:g} MiB")
+    if condition.max_used_percent is not None and device.used_percent > condition.max_used_percent:
+        unmet.append(f"GPU {device.index}: {device.used_percent:.1f}% used, more than {condition.max_used_percent:g}%")
+    return unmet
+
+
+def resolve_devices(devices: list[GpuDevice], wanted: list[str]) -> list[int]:
+    """Indices of the GPUs named by index or UUID (all when `wanted` is empty); ValueError names the option."""
+    if not wanted:
+        return [d.index for d in devices]
+    by_uuid = {d.uuid.lower(): d.index for d in devices}
+    indices = {d.index for d in devices}
+    chosen: list[int] = []
+    unknown: list[str] = []
+    for item in wanted:
+        text = str(item).strip()
+        index = int(text) if text.isdigit() else by_uuid.get(text.lower())
+        if index is None or index not in indices:
+            unknown.append(text)
+        elif index not in chosen:
+            chosen.append(index)
+    if unknown:
+        present = ", ".join(f"{d.index} ({d.uuid})" for d in devices) or "none"
+        raise ValueError(f"devices: no GPU {', '.join(unknown)} on this host; present: {present}")
+    return chosen
+
+
+def host_available_bytes(proc_root: str = "/proc") -> int | None:
+    """``MemAvailable`` of ``meminfo`` under `proc_root`, or None if it cannot be read."""
+    raw = read_small(f"{proc_root}/meminfo")
+    if raw is None:
+        return None
+    for line in raw.decode("ascii", "replace").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def sees_host_pids(proc_root: str = "/proc") -> bool:
+    """Whether pids under `proc_root` are host pids (the ones NVML reports).
+
+    False inside a container with a PID namespace of its own: a pid NVML reports may exist there,
+    but as another process. When it cannot be told (a fixture tree), the pids are taken as host pids.
+    """
+    try:
+        return os.stat(f"{proc_root}/self/ns/pid").st_ino == INITIAL_PID_NAMESPACE_INODE
+    except OSError:
+        return True
+
+
+class PidWatch:
+    """Pids that must be gone, each identified by (pid, starttime) when the wait began.
+
+    A pid is gone when it is no longer in the process table or now belongs to another process; a
+    zombie is still there (it is gone once reaped).
+    """
+
+    def __init__(self, pids: tuple[int, ...], proc_root: str = "/proc") -> None:
+        probe = ProcessTable({}, proc_root)
+        found = {pid: probe.refresh(pid) for pid in pids}
+        self.table = ProcessTable({pid: p for pid, p in found.items() if p is not None}, proc_root)
+
+    def remaining(self) -> list[Process]:
+        still = []
+        for pid in sorted(self.table.processes):
+            now = self.table.refresh(pid)
+            if now is not None:
+                still.append(now)
+        return still
+
+
+@dataclass
+class WaitOutcome:
+    """What a wait saw at its start and at its end, and why it ended."""
+
+    released: bool = False
+    waited_s: float = 0.0
+    polls: int = 0
+    before: list[GpuDevice] = field(default_factory=list)
+    after: list[GpuDevice] = field(default_factory=list)
+    unmet: list[str] = field(default_factory=list)
+    pids_remaining: list[dict[str, Any]] = field(default_factory=list)
+    host_available_before: int | None = None
+    host_available_after: int | None = None
+    holders: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str = RELEASED
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def released_mib(self) -> float:
+        used_before = {d.index: d.used_bytes for d in self.before}
+        freed = sum(max(0, used_before.get(d.index, d.used_bytes) - d.used_bytes) for d in self.after)
+        return round(freed / MIB, 1)
+
+    def gpus(self) -> list[dict[str, Any]]:
+        before = {d.index: d for d in self.before}
+        entries = []
+        for device in self.after:
+            first = before.get(device.index, device)
+            entries.append({
+                "index": device.index,
+                "uuid": device.uuid,
+                "name": device.name,
+                "total_mib": device.total_mib,
+                "reserved_mib": None if device.reserved_bytes is None else round(device.reserved_bytes / MIB, 1),
+                "used_mib_before": first.used_mib,
+                "used_mib_after": device.used_mib,
+                "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in device.processes],
+            })
+        return entries
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "released": self.released,
+            "waited_s": round(self.waited_s, 3),
+            "polls": self.polls,
+            "gpus": self.gpus(),
+            "released_mib": self.released_mib,
+            "unmet": self.unmet,
+            "pids_remaining": self.pids_remaining,
+            "host_available_gib_before": _gib(self.host_available_before),
+            "host_available_gib_after": _gib(self.host_available_after),
+            "holders": self.holders,
+            "verdict": self.verdict,
+            "needs_reboot": self.verdict == NEEDS_REBOOT,
+            "reasons": self.reasons,
+        }
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else round(value / GIB, 2)
+
+
+def wait_for_release(
+    source: GpuSource | None,
+    wanted: list[str],
+    condition: ReleaseCondition,
+    timeout: float,
+    poll_interval: float,
+    proc_root: str = "/proc",
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WaitOutcome:
+    """Poll until `condition` holds for the `wanted` GPUs (all when empty) or `timeout` passes.
+
+    `source` None means "no GPU here": only the host and pid conditions are waited for.
+    Raises ValueError when `wanted` names a GPU that is not there or `timeout` or `poll_interval` is
+    out of bounds (NaN, infinite, more than a day, a poll interval under 10 ms), GpuQueryError when a
+    query fails.
+    """
+    timeout = check_timeout("timeout", timeout)
+    poll_interval = check_poll_interval("poll_interval", poll_interval)
+    deadline = Deadline(timeout, clock, sleep)
+    outcome = WaitOutcome()
+    watch = PidWatch(condition.pids_gone, proc_root)
+    outcome.host_available_before = host_available_bytes(proc_root)
+    indices: list[int] | None = None
+    while True:
+        polled_at = clock()
+        if source is None:
+            devices: list[GpuDevice] = []
+        elif indices is None:
+            inventory = source.query()
+            indices = resolve_devices(inventory, wanted)
+            devices = [d for d in inventory if d.index in indices]
+            outcome.before = devices
+        else:
+            devices = source.query(indices)
+        outcome.polls += 1
+        outcome.after = devices
+        unmet = [reason for device in devices for reason in unmet_on_device(device, condition)]
+        remaining = watch.remaining()
+        if remaining:
+            unmet.append("pids still present: " + ", ".join(f"{p.pid} ({p.comm}, state {p.state})" for p in remaining))
+        available = host_available_bytes(proc_root) if condition.min_host_available_gib is not None else None
+        if available is not None and available < condition.min_host_available_gib * GIB:
+            unmet.append(
+                f"host MemAvailable {available / GIB:.1f} GiB, less than {condition.min_host_available_gib:g} GiB"
+            )
+        outcome.unmet = unmet
+        # The poll that began at the deadline was the last look; polls keep a fixed cadence.
+        if not unmet or polled_at >= deadline.at:
+            break
+        deadline.pause(poll_interval, since=polled_at)
+    outcome.waited_s = deadline.elapsed()
+    outcome.released = not outcome.unmet
+    outcome.host_available_after = host_available_bytes(proc_root)
+    outcome.pids_remaining = [{"pid": p.pid, "comm": p.comm, "state": p.state} for p in watch.remaining()]
+    if outcome.released:
+        outcome.reasons = ["released"]
+        return outcome
+    table = ProcessTable.scan(proc_root)
+    outcome.holders = describe_holders(outcome.after, table, sees_host_pids(proc_root))
+    outcome.verdict, outcome.reasons = judge(outcome.after, outcome.holders, condition, outcome.unmet)
+    return outcome
+
+
+def describe_holders(devices: list[GpuDevice], table: ProcessTable, host_pids_visible: bool) -> list[dict[str, Any]]:
+    """Every process NVML lists on `devices`, with what the process model says about it."""
+    holders = []
+    for device in devices:
+        for gpu_process in device.processes:
+            entry: dict[str, Any] = {
+                "pid": gpu_process.pid,
+                "gpu": device.index,
+                "uuid": device.uuid,
+                "used_mib": gpu_process.used_mib,
+            }
+            process = table.processes.get(gpu_process.pid) if host_pids_visible else None
+            if process is None:
+                entry.update(visible=False, kind="invisible", description=_invisible(gpu_process.pid, host_pids_visible))
+            else:
+                entry.update(_process_state(table, process))
+            holders.append(entry)
+    return holders
+
+
+def _invisible(pid: int, host_pids_visible: bool) -> str:
+    if host_pids_visible:
+        return (f"pid {pid} is listed by the driver but no longer exists: the driver has not finished "
+                f"tearing down its GPU context")
+    return (f"pid {pid} is a host pid, not visible in this container's PID namespace: a process of the host "
+            f"or of another container holds it, or this container's teardown of it is stuck")
+
+
+def _process_state(table: ProcessTable, process: Process) -> dict[str, Any]:
+    threads = table.load_threads(process.pid)
+    live = process.live_threads
+    blocked = [t for t in threads if t.state == "D"]
+    parent = table.processes.get(process.ppid)
+    parent_is_init = process.ppid == NAMESPACE_INIT_PID or _is_namespace_init(table.proc_root, process.ppid)
+    entry: dict[str, Any] = {
+        "visible": True,
+        "state": process.state,
+        "comm": process.comm,
+        "threads": process.threads,
+        "live_threads": [t.as_dict() for t in live],
+        "uninterruptible": [{"tid": t.tid, "wchan": t.wchan, "in_gpu_driver": bool(_DRIVER_WCHAN.search(t.wchan))}
+                            for t in blocked],
+        "parent": {"pid": process.ppid, "comm": parent.comm if parent else "", "is_namespace_init": parent_is_init},
+    }
+    name = f"pid {process.pid} ({process.comm})"
+    if blocked:
+        where = ", ".join(f"thread {t.tid} in {t.wchan or '?'}" for t in blocked)
+        entry["kind"] = "uninterruptible"
+        entry["description"] = f"{name} is in uninterruptible sleep ({where}): a kill takes effect only when it wakes"
+    elif process.is_zombie and live:
+        entry["kind"] = "zombie_leader"
+        tids = ", ".join(str(t.tid) for t in live)
+        entry["description"] = (f"{name} is a zombie leader whose threads {tids} still run and hold its GPU "
+                                f"context: SIGKILL to {process.pid} ends them")
+    elif process.is_zombie:
+        entry["kind"] = "zombie"
+        if parent_is_init:
+            entry["description"] = (f"{name} is a zombie orphaned to its namespace's init (pid {process.ppid}, "
+                                    f"{entry['parent']['comm'] or '?'}), which has not reaped it: its GPU memory is "
+                                    f"not released until it is reaped, and only a restart of that container does that")
+        else:
+            entry["description"] = (f"{name} is a zombie its parent {process.ppid} ({entry['parent']['comm'] or '?'}) "
+                                    f"has not reaped: ending or signalling the parent reaps it")
+    else:
+        entry["kind"] = "running"
+        entry["description"] = f"{name} is alive (state {process.state})"
+    return entry
+
+
+def _is_namespace_init(proc_root: str, pid: int) -> bool:
+    """Whether `pid` is PID 1 of a nested PID namespace (its NSpid chain ends in 1)."""
+    raw = read_small(f"{proc_root}/{pid}/status")
+    if raw is None:
+        return False
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if line.startswith("NSpid:"):
+            chain = line.split()[1:]
+            return len(chain) > 1 and chain[-1] == "1"
+    return False
+
+
+def judge(
+    devices: list[GpuDevice],
+    holders: list[dict[str, Any]],
+    condition: ReleaseCondition,
+    unmet: list[str],
+) -> tuple[str, list[str]]:
+    """The least force that would free what is still held, and why."""
+    verdict = RELEASED
+    reasons: list[str] = []
+
+    def raise_to(level: str) -> None:
+        nonlocal verdict
+        if _VERDICT_ORDER.index(level) > _VERDICT_ORDER.index(verdict):
+            verdict = level
+
+    for holder in holders:
+        kind = holder["kind"]
+        reasons.append(holder["description"])
+        if kind == "uninterruptible":
+            in_driver = any(t["in_gpu_driver"] for t in holder["uninterruptible"])
+            raise_to(NEEDS_HOST_ACTION if in_driver else HELD)
+        elif kind == "zombie" and holder["parent"]["is_namespace_init"]:
+            raise_to(NEEDS_REBOOT)
+        elif kind == "invisible":
+            # Listed but gone from the host's own table: only the host (GPU reset, reboot) clears it.
+            raise_to(NEEDS_REBOOT if "container" in holder["description"] else NEEDS_HOST_ACTION)
+        else:
+            raise_to(HELD)
+    listed = {d.index for d in devices if d.processes}
+    for device in devices:
+        if _memory_unmet(device, condition) and device.index not in listed:
+            reasons.append(f"GPU {device.index}: {device.used_mib:g} MiB used with no process listed: the driver "
+                           f"is still tearing down a context, or it is stuck doing so (then only the host can help)")
+            raise_to(HELD)
+    other = [u for u in unmet if not u.startswith("GPU ")]
+    if other:
+        reasons.extend(other)
+        raise_to(HELD)
+    if verdict == RELEASED and unmet:
+        reasons.extend(unmet)
+        raise_to(HELD)
+    return verdict, reasons

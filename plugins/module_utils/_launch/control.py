@@ -1,0 +1,490 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""train_launch's logic: bring a job to the requested state and prove it.
+
+``started`` is idempotent like a service: the same spec running means nothing to do; a different
+spec (or backend) running means restart; nothing running means start. ``restarted`` always stops
+(if running) and starts. ``stopped`` ends the job's whole tree. A start rotates the previous log,
+removes ``remove_paths``, launches through the backend and returns only when the proof of start
+holds; if it does not, the job is stopped again (so that a second run does not mistake a job that
+never proved itself for a running one) and the task fails with the exit status and the log tail.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import failed_log_name, rotate, rotation_plan, tail
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords, new_run_id
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import DEFAULT_PATH, LaunchOptions
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+    FAILED_START_FILE,
+    IDLE_FILE,
+    LAUNCH_FILE,
+    RUN_MARK,
+    SUPERVISOR_MARK,
+    install_supervisor,
+    open_regular,
+    process_starttime,
+    run_mark,
+    spawn_detached,
+    utc_now,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
+    KILL_WAIT,
+    StopOutcome,
+    leader_alive,
+    look,
+    stop_tree,
+    supervisor_alive,
+    wake_idle_supervisor,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import SENT
+
+LOG_MODE = 0o640
+EXIT_RECORD_WAIT = 5.0
+# What the result says about the run that a (re)start replaced.
+PREVIOUS_RUN_KEYS = ("run_id", "pid", "pgid", "starttime", "started_at", "supervisor_pid", "unit",
+                     "exit_code", "exit_signal", "ended_at", "start_error")
+
+
+class LaunchError(Exception):
+    """The job could not be brought to the requested state; `result` says what is known."""
+
+    def __init__(self, msg: str, result: dict[str, Any]) -> None:
+        super().__init__(msg)
+        self.result = result
+
+
+class Backend(Protocol):
+    name: str
+
+    def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
+        """Start the job described by `launch` (run id, argv, env ...)."""
+
+    def run_record(self, run_id: str) -> dict | None:
+        """run.json once the job of `run_id` has been started (None until then)."""
+
+    def active(self, run: dict) -> bool:
+        """Whether anything of the recorded run still runs (the job's tree, or its unit)."""
+
+    def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
+        """End the recorded run's whole tree."""
+
+
+class RecordedRunProbe:
+    """JobProbe over the state directory: the exit record of one run and its main process."""
+
+    def __init__(self, records: JobRecords, backend: Backend, run_id: str) -> None:
+        self.records = records
+        self.backend = backend
+        self.run_id = run_id
+        self.run: dict | None = None
+
+    def exit_record(self) -> dict | None:
+        return self.records.read_exit(self.run_id)
+
+    def alive(self) -> bool:
+        if self.run is None:
+            self.run = self.backend.run_record(self.run_id)
+            if self.run is None:
+                return True  # still starting: the deadline bounds how long that may take
+        identity = self.records.identity(self.run)
+        return identity is not None and leader_alive(identity, self.records.proc_root)
+
+
+class SupervisorBackend:
+    """The job under a detached per-job supervisor that is its subreaper (see launch_supervisor)."""
+
+    name = "supervisor"
+
+    def __init__(self, records: JobRecords, python: str) -> None:
+        self.records = records
+        self.python = python
+
+    def idle_supervisor(self) -> dict | None:
+        """idle.json, if the supervisor it names is proven to be this job's, alive, waiting for the next run."""
+        idle = self.records.read(IDLE_FILE)
+        if idle and supervisor_alive(idle.get("supervisor_pid"), idle.get("supervisor_starttime"),
+                                     self.records.job_dir, self.records.proc_root):
+            return idle
+        return None
+
+    def is_idle(self, run: dict) -> Callable[[], bool]:
+        def idle() -> bool:
+            found = self.idle_supervisor()
+            return found is not None and found.get("supervisor_pid") == run.get("supervisor_pid")
+        return idle
+
+    def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
+        script = install_supervisor(self.records.job_dir)
+        self.records.write_launch(launch)
+        idle = self.idle_supervisor()
+        # The supervisor stayed because nothing could reap it: it takes the new run, if the gate
+        # lets the wake-up through; otherwise a new supervisor does.
+        if idle is not None and wake_idle_supervisor(idle, self.records.job_dir, self.records.proc_root) == SENT:
+            return
+        # -I and a minimal environment: nothing of the Ansible connection's Python set-up carries
+        # over. SUPERVISOR_MARK is how a later task proves this process is the job's supervisor.
+        spawn_detached([self.python, "-I", script, "run", self.records.job_dir], launch["log_path"], LOG_MODE,
+                       env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", SUPERVISOR_MARK: self.records.job_dir})
+
+    def run_record(self, run_id: str) -> dict | None:
+        run = self.records.read_run()
+        return run if run is not None and run.get("run_id") == run_id else None
+
+    def active(self, run: dict) -> bool:
+        identity = self.records.identity(run)
+        return identity is not None and not look(identity, self.records.proc_root, self.is_idle(run)).gone()
+
+    def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
+        identity = self.records.identity(run)
+        if identity is None:
+            return StopOutcome()
+        return stop_tree(identity, options.stop_timeout, self.records.proc_root, supervisor_idle=self.is_idle(run))
+
+
+class SystemdBackend:
+    """The job as a transient systemd unit (see launch_systemd)."""
+
+    name = "systemd"
+
+    def __init__(self, records: JobRecords, python: str, job_name: str) -> None:
+        self.records = records
+        self.python = python
+        self.unit = systemd.unit_name(job_name)
+
+    def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
+        script = install_supervisor(self.records.job_dir)
+        self.records.write_launch(launch)
+        cmd = systemd.systemd_run_argv(
+            unit=self.unit,
+            argv=launch["argv"],
+            env=dict(launch["env"], **{RUN_MARK: run_mark(self.records.job_dir, launch["run_id"])}),
+            log_path=launch["log_path"],
+            chdir=launch["chdir"],
+            user=launch["user"],
+            group=launch["group"],
+            stop_timeout=options.stop_timeout,
+            record_exit=[self.python, "-I", script, "record-exit", self.records.job_dir, launch["run_id"]],
+            description=f"gpuops.relaunch job {options.name} (spec {launch['spec_hash'][:12]})",
+        )
+        systemd.start_unit(cmd)
+        shown = systemd.show(self.unit)
+        pid = systemd.main_pid(shown)
+        self.records.write_run({
+            "run_id": launch["run_id"],
+            "spec_hash": launch["spec_hash"],
+            "backend": self.name,
+            "unit": self.unit,
+            "invocation_id": shown.get("InvocationID"),
+            "pid": pid or None,
+            "pgid": pid or None,
+            "starttime": _starttime(pid, self.records.proc_root),
+            "started_at": utc_now(),
+            "log_path": launch["log_path"],
+        })
+
+    def run_record(self, run_id: str) -> dict | None:
+        run = self.records.read_run()
+        return run if run is not None and run.get("run_id") == run_id else None
+
+    def active(self, run: dict) -> bool:
+        shown = systemd.show(run.get("unit") or self.unit)
+        if systemd.unit_active(shown) and shown.get("InvocationID") == run.get("invocation_id"):
+            return True
+        identity = self.records.identity(run)
+        return identity is not None and leader_alive(identity, self.records.proc_root)
+
+    def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
+        unit = run.get("unit") or self.unit
+        systemd.stop_unit(unit, options.stop_timeout + KILL_WAIT + 30)
+        outcome = StopOutcome(signalled=[run["pid"]] if run.get("pid") else [])
+        deadline = Deadline(KILL_WAIT)
+        outcome.gone = deadline.poll(lambda: not self.active(run))
+        return outcome
+
+
+def _starttime(pid: int, proc_root: str) -> int | None:
+    return process_starttime(pid, proc_root) if pid else None
+
+
+def resolve_backend(requested: str) -> str:
+    """auto: systemd where PID 1 is systemd (and systemd-run exists), else the supervisor."""
+    if requested != "auto":
+        return requested
+    if systemd.systemd_is_init() and shutil.which(systemd.SYSTEMD_RUN):
+        return "systemd"
+    return "supervisor"
+
+
+def make_backend(name: str, records: JobRecords, job_name: str, python: str) -> Backend:
+    if name == "systemd":
+        return SystemdBackend(records, python, job_name)
+    return SupervisorBackend(records, python)
+
+
+def remove_path(path: str) -> bool:
+    """Remove a file, link or directory tree (never following a link); False if it was not there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+        return True
+    if os.path.lexists(path):
+        os.unlink(path)
+        return True
+    return False
+
+
+def _run_fields(run: dict | None) -> dict[str, Any]:
+    if not run:
+        return {}
+    keys = ("run_id", "pid", "pgid", "starttime", "started_at", "spec_hash", "supervisor_pid", "unit")
+    return {key: run.get(key) for key in keys if key in run}
+
+
+def _exit_fields(record: dict | None) -> dict[str, Any]:
+    if not record:
+        return {}
+    fields = {key: record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
+    if record.get("error"):
+        fields["start_error"] = record["error"]
+    return fields
+
+
+@dataclass
+class LaunchController:
+    """Applies one train_launch task."""
+
+    options: LaunchOptions
+    check_mode: bool
+    python: str = sys.executable
+    proc_root: str = "/proc"
+
+    def __post_init__(self) -> None:
+        self.records = JobRecords(self.options.job_dir, self.proc_root)
+        self.result: dict[str, Any] = {
+            "changed": False,
+            "name": self.options.name,
+            "state": self.options.state,
+            "log_path": self.options.log_path,
+            "state_dir": self.options.job_dir,
+        }
+
+    def apply(self) -> dict[str, Any]:
+        try:
+            return self._apply()
+        finally:
+            # Records that were not sound were ignored (never used to signal): say so.
+            if self.records.problems:
+                self.result["record_problems"] = list(self.records.problems)
+
+    def _apply(self) -> dict[str, Any]:
+        if not self.check_mode:
+            self.records.ensure_dir()
+            # Long enough for another task to stop the job and prove a new start.
+            self.records.lock(self.options.stop_timeout + KILL_WAIT + self.options.startup_timeout + 60)
+        status = self.records.status()
+        recorded = make_backend(status.backend or "supervisor", self.records, self.options.name, self.python)
+        active = status.run is not None and recorded.active(status.run)
+        self.result["backend"] = status.backend
+        self.result.update(_run_fields(status.run))
+        if self.options.log_path is None and status.run:
+            self.result["log_path"] = status.run.get("log_path")
+        if self.options.state == "stopped":
+            return self._stopped(status.run, recorded, active)
+        return self._started(status, recorded, active)
+
+    # --- stopped ---------------------------------------------------------------------------
+
+    def _stopped(self, run: dict | None, recorded: Backend, active: bool) -> dict[str, Any]:
+        result = self.result
+        result["running"] = False
+        if not active:
+            result.update(_exit_fields(self.records.read_exit(run.get("run_id")) if run else None))
+            result["msg"] = "not running"
+            result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
+            return result
+        result["changed"] = True
+        if self.check_mode:
+            result["running"] = True
+            result["msg"] = f"would stop the job (pid {run.get('pid')}) with SIGTERM, then SIGKILL after {self.options.stop_timeout:g}s"
+            return result
+        outcome = self._stop(run, recorded)
+        result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
+        result["msg"] = "stopped" + (" (SIGKILL was needed)" if outcome.escalated else "")
+        return result
+
+    def _stop(self, run: dict, recorded: Backend) -> StopOutcome:
+        outcome = recorded.stop(run, self.options)
+        record: dict | None = None
+
+        def recorded_exit() -> bool:
+            nonlocal record
+            record = self.records.read_exit(run.get("run_id"))
+            return record is not None
+
+        Deadline(EXIT_RECORD_WAIT).poll(recorded_exit)
+        self.result.update(_exit_fields(record))
+        self.result["stop"] = {
+            "signalled": outcome.signalled,
+            # systemd escalates by itself: its record of a SIGKILL end says it had to.
+            "escalated": outcome.escalated or bool(record and record.get("exit_signal") == "SIGKILL"),
+            "unreapable_zombies": outcome.unreapable_zombies,
+            "ignored": outcome.ignored,
+        }
+        if not outcome.gone:
+            self.result["stop"]["remaining"] = outcome.remaining
+            protected = [entry for entry in outcome.remaining if "protected" in entry]
+            why = (f"; {len(protected)} of them may never be signalled (see stop.remaining[].protected)"
+                   if protected else "")
+            raise LaunchError(
+                f"the job's processes did not end after SIGTERM, {self.options.stop_timeout:g}s and "
+                f"SIGKILL: still there: {outcome.remaining}{why}",
+                self.result,
+            )
+        return outcome
+
+    # --- started / restarted ---------------------------------------------------------------
+
+    def _started(self, status, recorded: Backend, active: bool) -> dict[str, Any]:
+        options = self.options
+        spec = options.spec
+        if spec is None:  # options_from_params requires a command for these states
+            raise LaunchError("command: required with state=" + options.state, self.result)
+        backend_name = resolve_backend(options.backend)
+        result = self.result
+        # A new log_path is a change too: otherwise we would report a log the job does not write.
+        same_log = status.run is not None and status.run.get("log_path") == options.log_path
+        same = status.spec_hash == spec.spec_hash and status.backend == backend_name and same_log
+        if options.state == "started" and status.running and same:
+            result["running"] = True
+            result["msg"] = "already running with the same spec"
+            result["log_tail"] = tail(options.log_path, options.log_tail_lines)
+            return result
+        result["changed"] = True
+        action = "restart" if active else "start"
+        if self.check_mode:
+            result["running"] = active
+            failed_log = self._failed_start_log()
+            plan = rotation_plan(options.log_path, options.keep_logs) if options.log_path else []
+            result.update(
+                backend=backend_name,
+                spec_hash=spec.spec_hash,
+                rotated_log=failed_log or (plan[-1][1] if plan else None),
+                removed_paths=[path for path in options.remove_paths if os.path.lexists(path)],
+                msg=f"would {action} the job with backend {backend_name}",
+            )
+            for key in ("pid", "pgid", "starttime", "started_at", "run_id", "supervisor_pid", "unit"):
+                if not active:
+                    result.pop(key, None)
+            return result
+        if active:
+            self._stop(status.run, recorded)
+        elif status.exit is not None:
+            result.update(_exit_fields(status.exit))
+        previous = {key: result.pop(key) for key in PREVIOUS_RUN_KEYS if key in result}
+        if previous:
+            result["previous"] = previous
+        result["rotated_log"] = self._set_aside_log()
+        result["removed_paths"] = [path for path in options.remove_paths if remove_path(path)]
+        return self._launch(backend_name, action)
+
+    def _launch(self, backend_name: str, action: str) -> dict[str, Any]:
+        options = self.options
+        spec = options.spec
+        result = self.result
+        backend = make_backend(backend_name, self.records, options.name, self.python)
+        run_id = new_run_id()
+        launch = {
+            "run_id": run_id,
+            "argv": list(spec.argv),
+            "env": spec.job_environment(),
+            "chdir": spec.chdir,
+            "user": spec.user,
+            "group": spec.group,
+            "spec_hash": spec.spec_hash,
+            "log_path": options.log_path,
+        }
+        self._create_log(spec.user, spec.group)
+        result.update(backend=backend_name, spec_hash=spec.spec_hash, run_id=run_id)
+        # Until proven, this run's log is a failed start's: the next start sets it aside instead
+        # of rotating it in, so failed starts never push out the log of the last run that worked.
+        self.records.write(FAILED_START_FILE, {"run_id": run_id, "log_path": options.log_path})
+        deadline = Deadline(options.startup_timeout)
+        try:
+            backend.start(options, launch)
+        except OSError as exc:
+            raise LaunchError(f"cannot start the job: {exc}", result) from None
+        probe = RecordedRunProbe(self.records, backend, run_id)
+        readiness = wait_ready(probe, LogScanner(options.log_path, options.ready_regex), options.min_uptime, deadline)
+        run = probe.run or backend.run_record(run_id)
+        result.update(_run_fields(run))
+        result["ready_line"] = readiness.ready_line
+        result["ready_after"] = round(readiness.waited, 3)
+        if readiness.ready:
+            self.records.remove(FAILED_START_FILE)
+            result["running"] = True
+            result["msg"] = f"{action}ed with backend {backend_name}; proof of start holds"
+            result["log_tail"] = tail(options.log_path, options.log_tail_lines)
+            return result
+        reason = readiness.reason
+        if run is None and readiness.exit is None:
+            reason = f"the backend did not report the job started within {options.startup_timeout:g}s"
+        result.update(_exit_fields(readiness.exit))
+        if run is not None and backend.active(run):
+            self._stop(run, backend)
+            result["stopped_after_failure"] = True
+        result["running"] = False
+        result["log_tail"] = tail(options.log_path, options.log_tail_lines)
+        raise LaunchError(f"the start of job {options.name!r} was not proven: {reason}", result)
+
+    def _failed_start_log(self) -> str | None:
+        """Where the log at log_path goes if it is the log of a start that was never proven."""
+        failed = self.records.read(FAILED_START_FILE)
+        launched = self.records.read(LAUNCH_FILE)
+        log_path = self.options.log_path
+        if (failed and launched and failed.get("run_id") == launched.get("run_id")
+                and failed.get("log_path") == log_path and os.path.lexists(log_path)):
+            return failed_log_name(log_path)
+        return None
+
+    def _set_aside_log(self) -> str | None:
+        """Rotate the previous log, or set a failed start's log aside as LOG.failed (one kept)."""
+        failed_log = self._failed_start_log()
+        if failed_log is None:
+            return rotate(self.options.log_path, self.options.keep_logs)
+        os.rename(self.options.log_path, failed_log)
+        return failed_log
+
+    def _create_log(self, user: str | None, group: str | None) -> None:
+        """Create (or append to) the log as a regular file, and give it to the job's user.
+
+        Never through a symlink, never a FIFO, and never chown a file with other hard links: what
+        is chowned is exactly what was just opened.
+        """
+        log_path = self.options.log_path
+        try:
+            fd = open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_MODE)
+        except OSError as exc:
+            raise LaunchError(f"log_path: cannot open {log_path} as a regular file: {exc.strerror or exc} "
+                              "(a symlink, FIFO or device there is refused)", self.result) from None
+        try:
+            if user is not None or group is not None:
+                if os.fstat(fd).st_nlink != 1:
+                    raise LaunchError(f"log_path: {log_path} has other hard links; refusing to give it "
+                                      "to the job's user", self.result)
+                uid = pwd.getpwnam(user).pw_uid if user is not None else -1
+                gid = grp.getgrnam(group).gr_gid if group is not None else (
+                    pwd.getpwnam(user).pw_gid if user is not None else -1)
+                os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)

@@ -1,0 +1,165 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The job's state directory: what was launched, what runs, how the last run ended.
+
+    STATE_DIR/NAME/          0700
+        launch.json          what the module asked for (run id, argv, env, spec hash)   0600
+        run.json             what runs: pids, start times, backend, started_at          0600
+        exit.json            how the run with that run id ended, and when               0600
+        failed_start.json    the last run whose start was not proven, and its log       0600
+        idle.json            a supervisor that waits for the next run (see supervisor)  0600
+        supervisor.py        the supervisor's private copy                              0600
+        .lock                held while a train_launch task works on this job
+
+Every file is replaced atomically (write + rename); exit.json is kept until the next run ends,
+so the record of the last exit survives restarts of the supervisor and of the machine. Records are
+read only as regular files (never through a symlink, never a FIFO); a record that is not sound is
+reported in `problems` and ignored, and no record is ever taken as proof of what to signal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import uuid
+from dataclasses import dataclass
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+    EXIT_FILE,
+    LAUNCH_FILE,
+    RUN_FILE,
+    load_json,
+    open_regular,
+    write_json_atomic,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, RecordError, leader_alive
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+
+STATE_DIR_MODE = 0o700
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class JobStatus:
+    """What the state directory and the process table say about the job now."""
+
+    run: dict | None
+    exit: dict | None
+    running: bool
+
+    @property
+    def backend(self) -> str | None:
+        return self.run.get("backend") if self.run else None
+
+    @property
+    def spec_hash(self) -> str | None:
+        return self.run.get("spec_hash") if self.run else None
+
+
+class JobRecords:
+    """Reads and writes one job's state directory."""
+
+    def __init__(self, job_dir: str, proc_root: str = "/proc") -> None:
+        self.job_dir = job_dir
+        self.proc_root = proc_root
+        self._lock_fd: int | None = None
+        self.problems: list[str] = []
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.job_dir, name)
+
+    def ensure_dir(self) -> None:
+        """Create the job's directory (and the state_dir above it, if missing) with mode 0700.
+
+        OSError names state_dir: a file or a read-only file system there is the user's to fix.
+        """
+        state_dir = os.path.dirname(self.job_dir)
+        try:
+            if not os.path.lexists(state_dir):
+                os.makedirs(state_dir, mode=STATE_DIR_MODE)
+                os.chmod(state_dir, STATE_DIR_MODE)
+            if not os.path.isdir(state_dir):
+                raise NotADirectoryError(f"{state_dir} exists and is not a directory")
+            if os.path.islink(self.job_dir) or (os.path.lexists(self.job_dir) and not os.path.isdir(self.job_dir)):
+                raise NotADirectoryError(f"{self.job_dir} exists and is not a directory (a symlink is refused)")
+            os.makedirs(self.job_dir, mode=STATE_DIR_MODE, exist_ok=True)
+            os.chmod(self.job_dir, STATE_DIR_MODE)
+        except OSError as exc:
+            raise OSError(f"state_dir: cannot keep the job's records in {self.job_dir}: "
+                          f"{exc.strerror or exc}") from None
+
+    def lock(self, timeout: float) -> None:
+        """Serialise train_launch tasks on the same job (released when the module exits)."""
+        try:
+            self._lock_fd = open_regular(self.path(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise OSError(f"state_dir: cannot open the lock {self.path('.lock')}: {exc.strerror or exc}") from None
+
+        def acquired() -> bool:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        if not Deadline(timeout).poll(acquired, 0.2):
+            raise OSError(f"another train_launch task still works on this job after {timeout:g}s "
+                          f"(it holds {self.path('.lock')})")
+
+    def read(self, name: str) -> dict | None:
+        """The record `name`, or None if it is missing or not sound (then noted in `problems`)."""
+        try:
+            return load_json(self.path(name))
+        except ValueError as exc:
+            problem = f"{self.path(name)} {exc}; ignored"
+            if problem not in self.problems:
+                self.problems.append(problem)
+            return None
+
+    def read_run(self) -> dict | None:
+        return self.read(RUN_FILE)
+
+    def read_exit(self, run_id: str | None = None) -> dict | None:
+        """exit.json; with `run_id`, only if it records the end of that run."""
+        record = self.read(EXIT_FILE)
+        if record is None or (run_id is not None and record.get("run_id") != run_id):
+            return None
+        return record
+
+    def write(self, name: str, record: dict) -> None:
+        write_json_atomic(self.path(name), record)
+
+    def remove(self, name: str) -> None:
+        try:
+            os.unlink(self.path(name))
+        except FileNotFoundError:
+            pass
+
+    def write_launch(self, launch: dict) -> None:
+        write_json_atomic(self.path(LAUNCH_FILE), launch)
+
+    def write_run(self, run: dict) -> None:
+        write_json_atomic(self.path(RUN_FILE), run)
+
+    def identity(self, run: dict) -> JobIdentity | None:
+        """The run's identity, or None (noted in `problems`) when its record cannot describe a run."""
+        try:
+            return JobIdentity.from_run(run, self.job_dir, self.path(RUN_FILE))
+        except RecordError as exc:
+            if str(exc) not in self.problems:
+                self.problems.append(f"{exc}; ignored")
+            return None
+
+    def status(self) -> JobStatus:
+        run = self.read_run()
+        if run is not None and self.identity(run) is None:
+            run = None
+        if run is None:
+            return JobStatus(None, self.read_exit(), False)
+        ended = self.read_exit(run.get("run_id"))
+        identity = self.identity(run)
+        running = ended is None and identity is not None and leader_alive(identity, self.proc_root)
+        return JobStatus(run, ended, running)

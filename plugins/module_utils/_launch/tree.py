@@ -1,0 +1,319 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Stopping a supervised job: its whole process tree, and nothing else.
+
+Membership is proven, not remembered. The records (run.json, idle.json) say where to look, never
+what to signal: a process belongs to the run only if
+
+* it carries the run's mark (``GPUOPS_RELAUNCH_RUN=JOB_DIR:RUN_ID``, set by the supervisor when it
+  started the job and inherited by everything the job starts) in the environment it was started
+  with, and did not start before the run; or
+* it descends from the run's supervisor, itself proven by its own mark
+  (``GPUOPS_RELAUNCH_SUPERVISOR=JOB_DIR``) and its start time: as the child subreaper it adopts
+  whatever the job orphans, so a process of the job that cleared its environment is still found.
+
+A recorded pid that fails the proof (a recycled pid, a record restored or edited) is reported and
+ignored. The record's process group id is never used: a group is signalled member by member,
+each through the collection's one signal gate (protection, then the pinned identity). SIGTERM
+first, then, after stop_timeout, SIGKILL; each step polls the process table until the tree is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+    RUN_MARK,
+    SUPERVISOR_MARK,
+    run_mark,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable, compile_patterns
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import DEFAULT_PROTECTED, Protection
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
+    REFUSED,
+    SENT,
+    Identity,
+    ProcessControl,
+    SignalGate,
+)
+
+KILL_WAIT = 30.0
+POLL_INTERVAL = 0.1
+# The stop path has no `protected` option of its own: the default list (sshd, systemd, init, the
+# container runtime) applies, on top of what the gate always protects.
+STOP_PROTECTED = tuple(compile_patterns(DEFAULT_PROTECTED, "protected"))
+
+
+class RecordError(ValueError):
+    """A record whose fields cannot describe a run; the message names the file and the field."""
+
+
+def _record_int(record: dict, key: str, source: str, required: bool = True) -> int | None:
+    value = record.get(key)
+    if value is None and not required:
+        return None
+    # bool is an int in Python; a record saying `true` for a pid is broken, not pid 1.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RecordError(f"{source}: {key} is not a process number or start time ({value!r})")
+    return value
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """What the record says about one supervised run: where to look, not what to signal."""
+
+    job_dir: str
+    run_id: str
+    pid: int | None = None
+    starttime: int | None = None
+    supervisor_pid: int | None = None
+    supervisor_starttime: int | None = None
+
+    @classmethod
+    def from_run(cls, run: dict, job_dir: str, source: str = "run.json") -> "JobIdentity":
+        """The identity in a run record; RecordError when a field is of the wrong kind."""
+        run_id = run.get("run_id")
+        if not isinstance(run_id, str) or not run_id:
+            raise RecordError(f"{source}: run_id is missing or not a string ({run_id!r})")
+        return cls(
+            job_dir=job_dir,
+            run_id=run_id,
+            pid=_record_int(run, "pid", source, required=False),
+            starttime=_record_int(run, "starttime", source, required=False),
+            supervisor_pid=_record_int(run, "supervisor_pid", source, required=False),
+            supervisor_starttime=_record_int(run, "supervisor_starttime", source, required=False),
+        )
+
+    @property
+    def mark(self) -> str:
+        return run_mark(self.job_dir, self.run_id)
+
+
+def stop_gate(table: ProcessTable, control: ProcessControl | None = None) -> SignalGate:
+    """The signal gate of the launch path for one scan; the module's own process group is spared too."""
+    return SignalGate(Protection(table, STOP_PROTECTED), control or ProcessControl(table.proc_root),
+                      spare_group=os.getpgrp())
+
+
+def proven_supervisor(table: ProcessTable, pid: int | None, starttime: int | None, job_dir: str) -> bool:
+    """Whether `pid` is, right now, the live supervisor of `job_dir` started at `starttime`."""
+    process = table.processes.get(pid or 0)
+    return (
+        process is not None
+        and process.starttime == starttime
+        and not process.is_zombie
+        and table.environ_value(process.pid, SUPERVISOR_MARK) == job_dir
+    )
+
+
+def leader_alive(identity: JobIdentity, proc_root: str = "/proc") -> bool:
+    """Whether the run's main process runs: its recorded pid and start time, and the run's mark."""
+    if not identity.pid or identity.starttime is None:
+        return False
+    table = _one_process(identity.pid, proc_root)
+    process = table.processes.get(identity.pid)
+    if process is None or process.starttime != identity.starttime or process.is_zombie:
+        return False
+    return table.environ_value(process.pid, RUN_MARK) == identity.mark
+
+
+def _one_process(pid: int, proc_root: str) -> ProcessTable:
+    """A table that holds just `pid` (empty if there is no such process)."""
+    process = ProcessTable({}, proc_root).refresh(pid)
+    return ProcessTable({pid: process} if process is not None else {}, proc_root)
+
+
+def wake_idle_supervisor(idle: dict, job_dir: str, proc_root: str = "/proc") -> str:
+    """SIGUSR1 to the idle supervisor that idle.json names, if it is proven to be this job's.
+
+    Returns the gate's word (SENT, or why not); the caller starts a new supervisor unless SENT.
+    """
+    pid, starttime = idle.get("supervisor_pid"), idle.get("supervisor_starttime")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(starttime, int):
+        return REFUSED
+    table = ProcessTable.scan(proc_root)
+    if not proven_supervisor(table, pid, starttime, job_dir):
+        return REFUSED
+    return stop_gate(table).send(Identity.of(table.processes[pid]), signal.SIGUSR1)
+
+
+def supervisor_alive(pid: int | None, starttime: int | None, job_dir: str, proc_root: str = "/proc") -> bool:
+    """Whether (pid, starttime) is this job's supervisor, alive, right now."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    return proven_supervisor(_one_process(pid, proc_root), pid, starttime, job_dir)
+
+
+@dataclass
+class TreeView:
+    """One look at the run's proven members in a process table."""
+
+    table: ProcessTable
+    identity: JobIdentity
+    members: set[int]
+    supervisor_alive: bool
+    supervisor_idle: bool = False
+    ignored: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def live(self) -> list[int]:
+        return sorted(pid for pid in self.members if not self.table.processes[pid].is_zombie)
+
+    @property
+    def zombies(self) -> list[int]:
+        return sorted(pid for pid in self.members if self.table.processes[pid].is_zombie)
+
+    @property
+    def leader_running(self) -> bool:
+        """The run's main process is alive and proven to be it."""
+        leader = self.table.processes.get(self.identity.pid or 0)
+        return (
+            leader is not None and leader.pid in self.members and not leader.is_zombie
+            and leader.starttime == self.identity.starttime
+        )
+
+    def unreapable_zombies(self) -> list[int]:
+        """Zombies whose parent is neither a live member nor the live supervisor: nobody of ours reaps them."""
+        ours = set(self.live)
+        if self.supervisor_alive and self.identity.supervisor_pid:
+            ours.add(self.identity.supervisor_pid)
+        return [pid for pid in self.zombies if self.table.processes[pid].ppid not in ours]
+
+    def gone(self) -> bool:
+        """Nothing of the job runs, every zombie it left has been reaped, the supervisor has exited
+        or has no child left (it exits, or, where nothing could reap it, waits idle for the next run)."""
+        waiting_zombies = set(self.zombies) - set(self.unreapable_zombies())
+        supervisor_done = (not self.supervisor_alive or self.supervisor_idle
+                           or not self.table.children.get(self.identity.supervisor_pid or 0))
+        return not self.live and not waiting_zombies and supervisor_done
+
+    def describe(self, pids: list[int], gate: SignalGate | None = None) -> list[dict]:
+        described = []
+        for pid in pids:
+            process = self.table.processes[pid]
+            entry = {"pid": pid, "ppid": process.ppid, "state": process.state, "comm": process.comm}
+            refusal = gate.refusal(pid) if gate is not None else None
+            if refusal is not None:
+                entry["protected"] = refusal
+            described.append(entry)
+        return described
+
+    def gate(self, control: ProcessControl | None = None) -> SignalGate:
+        return stop_gate(self.table, control)
+
+
+def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
+    """Processes that carry the run's mark and did not start before the run."""
+    floor = identity.starttime or 0
+    mark = identity.mark
+    return {
+        pid for pid, process in table.processes.items()
+        if process.starttime >= floor and not process.is_zombie and table.environ_value(pid, RUN_MARK) == mark
+    }
+
+
+def _ignored(table: ProcessTable, identity: JobIdentity, members: set[int], supervisor_alive: bool) -> list[dict]:
+    """Recorded pids that name a live process which failed the proof: reported, never signalled.
+
+    A process proven a member some other way is not reported, whatever role the record gave it.
+    """
+    ignored = []
+    for role, pid, starttime, proven in (
+        ("pid", identity.pid, identity.starttime, False),
+        ("supervisor_pid", identity.supervisor_pid, identity.supervisor_starttime, supervisor_alive),
+    ):
+        process = table.processes.get(pid or 0)
+        if process is None or proven or process.pid in members or process.is_zombie:
+            continue
+        mark = "this run's mark" if role == "pid" else "the mark of this job's supervisor"
+        why = ("its start time differs from the record's: the pid was reused"
+               if process.starttime != starttime else f"it does not carry {mark}")
+        ignored.append({"record": role, "pid": process.pid, "comm": process.comm,
+                        "reason": f"not this run's process: {why}; ignored"})
+    return ignored
+
+
+def look(identity: JobIdentity, proc_root: str = "/proc",
+         supervisor_idle: Callable[[], bool] = lambda: False) -> TreeView:
+    """Scan the process table and prove the run's members (`supervisor_idle`: it said so)."""
+    table = ProcessTable.scan(proc_root)
+    members = _marked_members(table, identity)
+    supervisor_alive = proven_supervisor(table, identity.supervisor_pid, identity.supervisor_starttime,
+                                         identity.job_dir)
+    if supervisor_alive:
+        members.update(table.descendants(identity.supervisor_pid or 0))
+    idle = supervisor_alive and supervisor_idle()
+    return TreeView(table, identity, members, supervisor_alive, idle,
+                    _ignored(table, identity, members, supervisor_alive))
+
+
+@dataclass
+class StopOutcome:
+    """What stopping the tree took."""
+
+    signalled: list[int] = field(default_factory=list)
+    escalated: bool = False
+    gone: bool = True
+    remaining: list[dict] = field(default_factory=list)
+    unreapable_zombies: list[dict] = field(default_factory=list)
+    ignored: list[dict] = field(default_factory=list)
+
+
+def _send(view: TreeView, gate: SignalGate, signum: signal.Signals, sent: set[tuple[int, int]],
+          outcome: StopOutcome) -> None:
+    """`signum` to every live member not yet sent it, each by identity through the gate."""
+    for pid in view.live:
+        identity = Identity.of(view.table.processes[pid])
+        if identity.key in sent:
+            continue
+        result = gate.send(identity, signum)
+        if result == REFUSED:
+            continue  # reported with the remaining processes if it outlives the deadline
+        sent.add(identity.key)
+        if result == SENT:
+            outcome.escalated = outcome.escalated or signum == signal.SIGKILL
+            if pid not in outcome.signalled:
+                outcome.signalled.append(pid)
+
+
+def stop_tree(identity: JobIdentity, stop_timeout: float, proc_root: str = "/proc",
+              kill_wait: float = KILL_WAIT, supervisor_idle: Callable[[], bool] = lambda: False,
+              control: ProcessControl | None = None) -> StopOutcome:
+    """SIGTERM, wait up to stop_timeout, SIGKILL, wait up to kill_wait; report what remains.
+
+    Members that appear while we wait (forked after a scan) get the current signal at the next poll.
+    `control` stands in for the kernel's signalling primitives in tests.
+    """
+    outcome = StopOutcome()
+    view = look(identity, proc_root, supervisor_idle)
+    outcome.ignored = view.ignored
+    for signum, seconds in ((signal.SIGTERM, stop_timeout), (signal.SIGKILL, kill_wait)):
+        if view.gone():
+            return _finish(view, outcome)
+        sent: set[tuple[int, int]] = set()
+        deadline = Deadline(seconds)
+        while True:
+            gate = view.gate(control)
+            _send(view, gate, signum, sent, outcome)
+            if view.live and all(gate.refusal(pid) for pid in view.live):
+                break  # only protected processes are left: waiting cannot change that
+            if deadline.expired():
+                break
+            deadline.pause(POLL_INTERVAL)
+            view = look(identity, proc_root, supervisor_idle)
+            if view.gone():
+                return _finish(view, outcome)
+    outcome.gone = view.gone()
+    if not outcome.gone:
+        left = view.live + sorted(set(view.zombies) - set(view.unreapable_zombies()))
+        outcome.remaining = view.describe(left, view.gate())
+    return _finish(view, outcome)
+
+
+def _finish(view: TreeView, outcome: StopOutcome) -> StopOutcome:
+    outcome.unreapable_zombies = view.describe(view.unreapable_zombies())
+    return outcome

@@ -1,0 +1,283 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the last run left behind, and what it takes to clear it.
+
+Facts first (zombies and their parents, threads in D with their wchan, the job's processes, GPU
+device holders), then a verdict derived only from those facts:
+
+* ``needs_host_action``: a thread sleeps uninterruptibly in a GPU driver path; no signal reaches
+  it and a container reboot may not clear it either.
+* ``needs_reboot``: something only a container restart clears: orphaned zombies that PID 1 of this
+  namespace did not reap within ``orphan_grace`` seconds (it was watched, not guessed).
+* ``reapable``: everything found can be cleared by signals and reaping.
+* ``clean``: nothing of the job and nothing that blocks a relaunch.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Pattern
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import poll_until
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
+    DEFAULT_DRIVER_WCHAN,
+    DeviceHolder,
+    Process,
+    ProcessTable,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
+    NAMESPACE_INIT_PID,
+    JobSelector,
+    Protection,
+)
+
+# wchan prefixes of the NVIDIA kernel modules (nvidia.ko's nv_*/os_*, nvidia-uvm's uvm_*).
+VERDICTS = ("clean", "reapable", "needs_reboot", "needs_host_action")
+ORPHAN_POLL_INTERVAL = 0.1
+
+
+@dataclass(frozen=True)
+class AssessmentOptions:
+    selector: JobSelector
+    protected: tuple[Pattern[str], ...] = ()
+    device_glob: str = "/dev/nvidia*"
+    driver_wchan: Pattern[str] = re.compile(DEFAULT_DRIVER_WCHAN)
+    orphan_grace: float = 2.0
+    require_no_zombies: bool = False
+
+
+@dataclass
+class Assessment:
+    zombies: list[dict[str, Any]] = field(default_factory=list)
+    uninterruptible: list[dict[str, Any]] = field(default_factory=list)
+    job_processes: list[dict[str, Any]] = field(default_factory=list)
+    protected: list[dict[str, Any]] = field(default_factory=list)
+    gpu_holders: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str = "clean"
+    reasons: list[str] = field(default_factory=list)
+    missing_pids: list[int] = field(default_factory=list)
+    process_count: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "zombies": self.zombies,
+            "uninterruptible": self.uninterruptible,
+            "job_processes": self.job_processes,
+            "protected": self.protected,
+            "gpu_holders": self.gpu_holders,
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "missing_pids": self.missing_pids,
+            "process_count": self.process_count,
+        }
+
+
+def assess(
+    options: AssessmentOptions,
+    proc_root: str = "/proc",
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Assessment:
+    """Take one snapshot under `proc_root` and classify what it holds."""
+    table = ProcessTable.scan(proc_root)
+    protection = Protection(table, options.protected)
+    named = options.selector.named(table)
+    job = options.selector.select(table, protection, named)
+    protected_job = {pid for pid in named if pid in protection}
+
+    holders = table.device_holders(options.device_glob)
+    holder_pids = {h.pid for h in holders}
+
+    # The table is walked once for D-state processes and once for zombies, not once per use.
+    d_state = {p.pid for p in table.processes.values() if p.state == "D"}
+    zombies = sorted((p for p in table.processes.values() if p.is_zombie), key=lambda p: p.pid)
+    interesting = set(job) | d_state | {p.pid for p in zombies if p.threads > 1}
+    interesting |= {pid for pid in holder_pids if table.processes[pid].threads > 1}
+    for pid in interesting:
+        table.load_threads(pid)
+
+    result = Assessment(process_count=len(table.processes))
+    result.missing_pids = sorted(pid for pid in options.selector.pids if pid not in table.processes)
+    result.gpu_holders = [h.as_dict() for h in holders]
+    result.job_processes = [_job_entry(table.processes[pid]) for pid in sorted(job)]
+    result.protected = [
+        {"pid": pid, "comm": table.processes[pid].comm, "reason": protection.reason(pid)}
+        for pid in sorted(protected_job)
+    ]
+    result.uninterruptible = _uninterruptible(table, interesting)
+
+    blocking: dict[int, str] = {}
+    for zombie in zombies:
+        why = _blocks_relaunch(zombie, job, holder_pids, options.require_no_zombies)
+        entry = _zombie_entry(table, zombie, job)
+        entry["blocking"] = why is not None
+        result.zombies.append(entry)
+        if why is not None:
+            blocking[zombie.pid] = why
+
+    unreaped = _watch_orphans(table, blocking, options.orphan_grace, clock, sleep)
+    for entry in result.zombies:
+        entry["unreaped_orphan"] = entry["pid"] in unreaped
+    _decide(result, table, job, blocking, unreaped, holders, options)
+    return result
+
+
+def _job_entry(process: Process) -> dict[str, Any]:
+    return {
+        "pid": process.pid,
+        "starttime": process.starttime,
+        "ppid": process.ppid,
+        "pgid": process.pgid,
+        "sid": process.sid,
+        "state": process.state,
+        "comm": process.comm,
+        "cmdline": process.cmdline,
+        "threads": process.threads,
+    }
+
+
+def _zombie_entry(table: ProcessTable, zombie: Process, job: set[int]) -> dict[str, Any]:
+    live = [t.as_dict() for t in zombie.live_threads]
+    parent = table.processes.get(zombie.ppid)
+    return {
+        "pid": zombie.pid,
+        "starttime": zombie.starttime,
+        "ppid": zombie.ppid,
+        "comm": zombie.comm,
+        "threads": zombie.threads,
+        "live_threads": live,
+        "kind": "zombie_leader" if live else "zombie",
+        "job": zombie.pid in job,
+        "parent": {
+            "pid": zombie.ppid,
+            "comm": parent.comm if parent else "",
+            "state": parent.state if parent else "",
+            "is_namespace_init": zombie.ppid == NAMESPACE_INIT_PID,
+            "job": zombie.ppid in job,
+        },
+        "parent_chain": table.ancestors(zombie.pid),
+    }
+
+
+def _uninterruptible(table: ProcessTable, pids: set[int]) -> list[dict[str, Any]]:
+    found = []
+    for pid in sorted(pids):
+        process = table.processes[pid]
+        for thread in process.task_list:
+            if thread.state == "D":
+                found.append({"pid": pid, "tid": thread.tid, "comm": thread.comm, "wchan": thread.wchan})
+    return found
+
+
+def _blocks_relaunch(zombie: Process, job: set[int], holder_pids: set[int], require_no_zombies: bool) -> str | None:
+    """Why this zombie stands in the way of a relaunch, or None if it is someone else's business."""
+    if zombie.pid in job or zombie.ppid in job:
+        return "belongs to the job"
+    if zombie.live_threads:
+        return "zombie leader whose live threads still hold memory"
+    if zombie.pid in holder_pids:
+        return "holds a GPU device"
+    if zombie.ppid == NAMESPACE_INIT_PID:
+        return "orphaned to PID 1"
+    if require_no_zombies:
+        return "require_no_zombies is set"
+    return None
+
+
+def _watch_orphans(
+    table: ProcessTable,
+    blocking: dict[int, str],
+    grace: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> set[int]:
+    """Plain zombies orphaned to PID 1 that are still there after `grace` seconds.
+
+    A reaping init (systemd, tini, a shell) takes them within a second or two; one that does not
+    reap never will. One snapshot cannot tell these apart, so watch for up to `grace` seconds.
+    """
+    waiting = {
+        pid for pid in blocking
+        if table.processes[pid].ppid == NAMESPACE_INIT_PID and not table.processes[pid].live_threads
+    }
+
+    def all_reaped() -> bool:
+        nonlocal waiting
+        waiting = {pid for pid in waiting if _still_zombie(table, pid)}
+        return not waiting
+
+    poll_until(all_reaped, grace, ORPHAN_POLL_INTERVAL, clock, sleep)
+    return waiting
+
+
+def _still_zombie(table: ProcessTable, pid: int) -> bool:
+    now = table.refresh(pid)
+    return now is not None and now.is_zombie
+
+
+def _decide(
+    result: Assessment,
+    table: ProcessTable,
+    job: set[int],
+    blocking: dict[int, str],
+    unreaped: set[int],
+    holders: list[DeviceHolder],
+    options: AssessmentOptions,
+) -> None:
+    reasons = result.reasons
+    verdict = "clean"
+
+    def raise_to(level: str) -> None:
+        nonlocal verdict
+        if VERDICTS.index(level) > VERDICTS.index(verdict):
+            verdict = level
+
+    stuck_in_driver = [u for u in result.uninterruptible if options.driver_wchan.search(u["wchan"] or "")]
+    for item in stuck_in_driver:
+        reasons.append(
+            f"pid {item['pid']} thread {item['tid']} ({item['comm']}) is in uninterruptible sleep in the "
+            f"GPU driver (wchan {item['wchan']}): no signal reaches it, the host must act"
+        )
+        raise_to("needs_host_action")
+
+    if unreaped:
+        init = table.processes.get(NAMESPACE_INIT_PID)
+        init_name = init.comm if init else "?"
+        reasons.append(
+            f"zombies {_pids(unreaped)} are orphaned to PID 1 ({init_name}), which did not reap them within "
+            f"{options.orphan_grace:g}s: only a restart of this container clears them"
+        )
+        raise_to("needs_reboot")
+
+    live_job = sorted(pid for pid in job if not table.processes[pid].is_zombie)
+    if live_job:
+        reasons.append(f"job processes still running: {_pids(live_job)}")
+        raise_to("reapable")
+    leaders = sorted(pid for pid in blocking if table.processes[pid].live_threads)
+    if leaders:
+        reasons.append(f"zombie leaders with live threads (SIGKILL ends the threads): {_pids(leaders)}")
+        raise_to("reapable")
+    plain = sorted(pid for pid in blocking if pid not in unreaped and not table.processes[pid].live_threads)
+    if plain:
+        reasons.append(f"zombies waiting for their parent to reap them: {_pids(plain)}")
+        raise_to("reapable")
+    # Elsewhere a D thread is usually brief I/O; it matters only where it keeps the job alive.
+    concerned = job | set(blocking) | {h.pid for h in holders}
+    other_d = [u for u in result.uninterruptible if u not in stuck_in_driver and u["pid"] in concerned]
+    if other_d:
+        threads = ", ".join(f"{u['pid']}/{u['tid']} ({u['wchan'] or '?'})" for u in other_d)
+        reasons.append(f"threads in uninterruptible sleep outside the GPU driver (a pending kill fires when they wake): {threads}")
+        raise_to("reapable")
+    job_holders = sorted({h.pid for h in holders if h.pid in job or h.pid in blocking})
+    if job_holders:
+        reasons.append(f"GPU devices still open by {_pids(job_holders)}")
+        raise_to("reapable")
+    if verdict == "clean":
+        reasons.append("nothing of the job and nothing blocking a relaunch")
+    result.verdict = verdict
+
+
+def _pids(pids: set[int] | list[int]) -> str:
+    return ", ".join(str(pid) for pid in sorted(pids))

@@ -1,0 +1,486 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Runs a reap plan against real processes and says honestly what is left.
+
+Every signal goes through the collection's one gate (:class:`signal_gate.SignalGate`), which
+refuses protected processes and delivers only to the exact (pid, starttime) identity the plan
+printed, pinned by a pidfd where the kernel has them.
+
+Every wait polls the real condition (gone, a zombie, out of D) against a deadline; nothing sleeps
+a fixed time. What stays after the ladder becomes an escalation: ``container_reboot`` when only a
+restart of the container clears it (zombies orphaned to an init that does not reap),
+``host_action`` when not even that may help (threads that stay in uninterruptible sleep, a process
+that survives SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Pattern
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import poll_until
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
+    Process,
+    ProcessTable,
+    Thread,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import (
+    END_PARENT,
+    END_PARENT_KILL,
+    KILL,
+    KILL_LEADER,
+    NOTIFY_PARENT,
+    TERMINATE,
+    ReapOptions,
+    ReapPlan,
+    Step,
+    plan_reap,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
+    NAMESPACE_INIT_PID,
+    JobSelector,
+    Protection,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
+    DENIED,
+    REFUSED,
+    SENT,
+    Identity,
+    ProcessControl,
+    SignalGate,
+)
+
+NO_ESCALATION = "none"
+CONTAINER_REBOOT = "container_reboot"
+HOST_ACTION = "host_action"
+ESCALATIONS = (NO_ESCALATION, CONTAINER_REBOOT, HOST_ACTION)
+
+POLL_INTERVAL = 0.05
+MAX_ROUNDS = 3
+
+
+@dataclass
+class Action:
+    """A signal the executor tried to send, and what came of it."""
+
+    step: Step
+    result: str
+    elapsed: float
+    round: int = 1
+
+    def as_dict(self) -> dict[str, Any]:
+        entry = self.step.as_dict()
+        del entry["reason"], entry["when"]
+        entry.update(result=self.result, elapsed=round(self.elapsed, 3), round=self.round)
+        return entry
+
+
+@dataclass
+class Outcome:
+    """What the ladder did and what it could not clear."""
+
+    actions: list[Action] = field(default_factory=list)
+    ended: list[dict[str, Any]] = field(default_factory=list)
+    remaining: list[dict[str, Any]] = field(default_factory=list)
+    escalation: str = NO_ESCALATION
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def signals_sent(self) -> int:
+        return sum(1 for action in self.actions if action.result == SENT)
+
+    @property
+    def changed(self) -> bool:
+        return self.signals_sent > 0 and bool(self.ended)
+
+    def raise_to(self, level: str, reason: str) -> None:
+        self.reasons.append(reason)
+        if ESCALATIONS.index(level) > ESCALATIONS.index(self.escalation):
+            self.escalation = level
+
+    def merge(self, later: "Outcome") -> None:
+        self.actions.extend(later.actions)
+        self.ended.extend(later.ended)
+        self.remaining.extend(later.remaining)
+        self.reasons.extend(later.reasons)
+        if ESCALATIONS.index(later.escalation) > ESCALATIONS.index(self.escalation):
+            self.escalation = later.escalation
+
+
+class Executor:
+    """Walks the ladder of one plan. Signals only plan targets, and never a protected process."""
+
+    def __init__(
+        self,
+        plan: ReapPlan,
+        control: ProcessControl,
+        protection: Protection,
+        options: ReapOptions,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        round_number: int = 1,
+    ) -> None:
+        self.plan = plan
+        self.control = control
+        self.protection = protection
+        self.gate = SignalGate(protection, control)
+        self.options = options
+        self.clock = clock
+        self.sleep = sleep
+        self.round = round_number
+        self.started = clock()
+        self.outcome = Outcome()
+        self.results: dict[tuple[str, tuple[int, int]], str] = {}
+
+    # --- what a process is now ---------------------------------------------------------------
+
+    def _now(self, identity: Identity) -> Process | None:
+        process = self.control.look(identity.pid)
+        if process is None or process.starttime != identity.starttime:
+            return None
+        return process
+
+    def _state(self, identity: Identity) -> str:
+        """``gone``, ``zombie`` (exited, waiting for its parent) or ``running`` (a thread lives)."""
+        process = self._now(identity)
+        if process is None:
+            return "gone"
+        if process.is_zombie and process.threads <= 1:
+            return "zombie"
+        return "running"
+
+    def _running(self, identity: Identity) -> bool:
+        return self._state(identity) == "running"
+
+    def _stuck(self, identity: Identity) -> list[Thread]:
+        """Threads of a running `identity` in uninterruptible sleep."""
+        if not self._running(identity):
+            return []
+        return [t for t in self.control.threads(identity.pid) if t.state == "D"]
+
+    def _wait(self, condition: Callable[[], bool], timeout: float) -> bool:
+        return poll_until(condition, timeout, POLL_INTERVAL, self.clock, self.sleep)
+
+    # --- signalling --------------------------------------------------------------------------
+
+    def _signal(self, step: Step) -> str:
+        if step.target.key not in self.plan.targets:
+            result = REFUSED
+        else:
+            result = self.gate.send(step.target, step.signal)
+        self.results[(step.stage, step.target.key)] = result
+        self.outcome.actions.append(Action(step, result, self.clock() - self.started, self.round))
+        return result
+
+    # --- the ladder --------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        terminate = self.plan.stage(TERMINATE)
+        leaders = self.plan.stage(KILL_LEADER)
+        for step in terminate + leaders:
+            if self._running(step.target):
+                self._signal(step)
+        if terminate:
+            self._wait(lambda: not any(self._running(s.target) for s in terminate), self.options.term_timeout)
+
+        kills = [s for s in self.plan.stage(KILL) if self._running(s.target)]
+        for step in kills:
+            self._signal(step)
+        killed = [s.target for s in kills + leaders]
+        self._wait(lambda: all(not self._running(t) or self._stuck(t) for t in killed), self.options.kill_timeout)
+
+        job = self.plan.job
+        if any(self._stuck(t) for t in job):
+            self._wait(lambda: not any(self._stuck(t) for t in job), self.options.d_state_timeout)
+
+        self._reap_zombies()
+        self._finish()
+        return self.outcome
+
+    def _zombies(self) -> list[Identity]:
+        return [i for i in self.plan.job if self._state(i) == "zombie"]
+
+    def _parent_step(self, zombie: Identity, stage: str) -> Step | None:
+        """The planned `stage` step for the current parent of `zombie`, if it is that very process."""
+        process = self._now(zombie)
+        if process is None:
+            return None
+        parent = self.control.look(process.ppid)
+        if parent is None:
+            return None
+        for step in self.plan.stage(stage):
+            if step.target.key == (parent.pid, parent.starttime):
+                return step
+        return None
+
+    def _reap_zombies(self) -> None:
+        zombies = self._zombies()
+        if not zombies:
+            return
+        notified: set[tuple[int, int]] = set()
+        for zombie in zombies:
+            step = self._parent_step(zombie, NOTIFY_PARENT)
+            if step is not None and step.target.key not in notified:
+                notified.add(step.target.key)
+                self._signal(step)
+        if self._wait(lambda: not self._zombies(), self.options.reap_timeout):
+            return
+        if not self.options.reap_parents:
+            return
+        ending: dict[tuple[int, int], Step] = {}
+        for zombie in self._zombies():
+            step = self._parent_step(zombie, END_PARENT)
+            if step is not None:
+                ending[step.target.key] = step
+        if not ending:
+            return
+        for step in ending.values():
+            self._signal(step)
+        parents = [s.target for s in ending.values()]
+        self._wait(lambda: not any(self._running(p) for p in parents), self.options.term_timeout)
+        kills = [s for s in self.plan.stage(END_PARENT_KILL) if s.target.key in ending and self._running(s.target)]
+        for step in kills:
+            self._signal(step)
+        self._wait(lambda: all(not self._running(p) or self._stuck(p) for p in parents), self.options.kill_timeout)
+        self._wait(lambda: not self._zombies(), self.options.reap_timeout)
+
+    # --- the verdict on what is left ---------------------------------------------------------
+
+    def _finish(self) -> None:
+        outcome = self.outcome
+        signalled = {key for (_stage, key), result in self.results.items() if result == SENT}
+        tracked = {i.key: i for i in self.plan.job}
+        for step in self.plan.steps:
+            if step.target.key in signalled:
+                tracked.setdefault(step.target.key, step.target)
+        orphans: list[Identity] = []
+        for key in sorted(tracked):
+            identity = tracked[key]
+            was = "zombie" if key in self.plan.exited else "running"
+            now = self._state(identity)
+            if now != was:
+                outcome.ended.append({"pid": identity.pid, "starttime": identity.starttime, "comm": identity.comm, "was": was, "now": now})
+            if now == "running":
+                self._explain_running(identity)
+            elif now == "zombie" and key in {i.key for i in self.plan.job}:
+                if self._explain_zombie(identity):
+                    orphans.append(identity)
+        if orphans:
+            init = self.control.look(NAMESPACE_INIT_PID)
+            outcome.raise_to(
+                CONTAINER_REBOOT,
+                f"zombies {_joined(o.pid for o in orphans)} are orphaned to PID 1 ({init.comm if init else '?'}) or to a "
+                f"parent outside this namespace, and were not reaped within {self.options.reap_timeout:g}s: "
+                f"only a restart of the container clears them",
+            )
+
+    def _remaining(self, identity: Identity, state: str, reason: str) -> None:
+        self.outcome.remaining.append({
+            "pid": identity.pid, "starttime": identity.starttime, "comm": identity.comm, "state": state, "reason": reason,
+        })
+
+    def _explain_running(self, identity: Identity) -> None:
+        key = identity.key
+        results = {stage: result for (stage, k), result in self.results.items() if k == key}
+        stuck = self._stuck(identity)
+        if stuck:
+            for thread in stuck:
+                reason = (
+                    f"pid {identity.pid} thread {thread.tid} ({thread.comm}) is still in uninterruptible sleep "
+                    f"(wchan {thread.wchan or '?'}) {self.options.d_state_timeout:g}s after SIGKILL: no signal "
+                    f"reaches it until it wakes; the host must act"
+                )
+                self._remaining(identity, "D", reason)
+                self.outcome.raise_to(HOST_ACTION, reason)
+            return
+        if DENIED in results.values():
+            reason = f"pid {identity.pid} ({identity.comm}) could not be signalled: permission denied"
+            self._remaining(identity, "running", reason)
+            self.outcome.raise_to(HOST_ACTION, reason)
+            return
+        if results.get(KILL) == SENT or results.get(KILL_LEADER) == SENT or results.get(END_PARENT_KILL) == SENT:
+            reason = (
+                f"pid {identity.pid} ({identity.comm}) still runs {self.options.kill_timeout:g}s after SIGKILL; "
+                f"the host must act"
+            )
+            self._remaining(identity, "running", reason)
+            self.outcome.raise_to(HOST_ACTION, reason)
+            return
+        if identity.key in {i.key for i in self.plan.job}:
+            reason = f"pid {identity.pid} ({identity.comm}) is still running: it was not signalled ({', '.join(sorted(set(results.values()))) or 'no step'})"
+            self._remaining(identity, "running", reason)
+            self.outcome.reasons.append(reason)
+
+    def _explain_zombie(self, identity: Identity) -> bool:
+        """Report a job zombie that stayed; True when only a container restart clears it."""
+        process = self._now(identity)
+        ppid = process.ppid if process is not None else 0
+        if ppid in (0, NAMESPACE_INIT_PID):
+            reaper = "PID 1" if ppid else "a parent outside this namespace"
+            self._remaining(identity, "Z", f"orphaned to {reaper}, not reaped within {self.options.reap_timeout:g}s")
+            return True
+        parent = self.control.look(ppid)
+        parent_name = f"{ppid} ({parent.comm})" if parent is not None else str(ppid)
+        why = self.protection.reason(ppid)
+        if why is None and parent is not None and (parent.pid, parent.starttime) in {i.key for i in self.plan.job}:
+            why = "a job process that did not end: see its own entry"
+        if why is None and self._parent_step(identity, NOTIFY_PARENT) is None:
+            why = "not a parent the plan may signal"
+        if why is not None:
+            reason = f"zombie of its parent {parent_name}, which is left alone ({why}); it holds only its pid"
+        elif self.options.reap_parents:
+            reason = f"zombie of its parent {parent_name}, which did not reap it even after being ended"
+        else:
+            reason = (
+                f"zombie of its parent {parent_name}, which did not reap it within {self.options.reap_timeout:g}s of "
+                f"SIGCHLD; it holds only its pid (reap_parents: true would end that parent)"
+            )
+        self._remaining(identity, "Z", reason)
+        self.outcome.reasons.append(f"pid {identity.pid}: {reason}")
+        return False
+
+
+def _joined(pids: Iterable[int]) -> str:
+    return ", ".join(str(pid) for pid in sorted(pids))
+
+
+@dataclass
+class ReapResult:
+    """The plan(s) and, unless in check mode, what executing them did."""
+
+    plans: list[ReapPlan]
+    outcome: Outcome | None
+    elapsed: float
+
+    @property
+    def first(self) -> ReapPlan:
+        return self.plans[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        plan_steps = []
+        for number, plan in enumerate(self.plans, start=1):
+            plan_steps.extend(dict(step, round=number) for step in plan.as_list())
+        outcome = self.outcome or Outcome()
+        return {
+            "changed": outcome.changed,
+            "job": [{"pid": i.pid, "starttime": i.starttime, "comm": i.comm} for i in self.first.job],
+            "plan": plan_steps,
+            "notes": [note for plan in self.plans for note in plan.notes],
+            "protected": _unique(entry for plan in self.plans for entry in plan.protected),
+            "missing_pids": self.first.missing_pids,
+            "actions": [a.as_dict() for a in outcome.actions],
+            "signals_sent": outcome.signals_sent,
+            "ended": outcome.ended,
+            "remaining": outcome.remaining,
+            "escalation": outcome.escalation,
+            "reasons": outcome.reasons,
+            "elapsed": round(self.elapsed, 3),
+        }
+
+
+def _unique(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry not in seen:
+            seen.append(entry)
+    return seen
+
+
+def check_own_namespace(proc_root: str) -> None:
+    """Signals go to pids of this process's namespace: refuse a /proc of another one."""
+    try:
+        seen_as = os.readlink(os.path.join(proc_root, "self"))
+    except OSError:
+        seen_as = ""
+    if seen_as != str(os.getpid()):
+        raise ValueError(
+            f"proc_root: {proc_root} is not the process table of the PID namespace this module runs in, so its "
+            f"pids cannot be signalled safely (use it in check mode only, or run the module inside that namespace)"
+        )
+
+
+def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pattern[str], ...]) -> tuple[ProcessTable, Protection, set[int]]:
+    """One scan, its protection, and the job, with the threads (state, wchan) of the job loaded."""
+    table = ProcessTable.scan(proc_root)
+    protection = Protection(table, protected)
+    job = selector.select(table, protection) if not selector.is_empty else set()
+    for pid in job:
+        table.load_threads(pid)
+    return table, protection, job
+
+
+def reap_job(
+    selector: JobSelector,
+    protected: Iterable[Pattern[str]],
+    options: ReapOptions,
+    proc_root: str = "/proc",
+    device_glob: str = "/dev/nvidia*",
+    check_mode: bool = False,
+    control: ProcessControl | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ReapResult:
+    """Plan, and unless `check_mode` execute, the ladder for the job; repeat for processes the job
+    forked while it was being ended (at most MAX_ROUNDS plans)."""
+    started = clock()
+    patterns = tuple(protected)
+    control = control or ProcessControl(proc_root)
+    table, protection, _job = snapshot_for_plan(proc_root, selector, patterns)
+    plan = plan_reap(table, selector, protection, options)
+    plans = [plan]
+    if check_mode or plan.is_empty:
+        return ReapResult(plans, None, clock() - started)
+    outcome = Executor(plan, control, protection, options, clock, sleep).run()
+    seen = {i.key for i in plan.job}
+    for number in range(2, MAX_ROUNDS + 1):
+        table, protection, job = snapshot_for_plan(proc_root, selector, patterns)
+        newcomers = sorted(
+            pid for pid in job
+            if table.processes[pid].identity not in seen and not table.processes[pid].is_zombie
+        )
+        if not newcomers:
+            break
+        follow_up = JobSelector(pids=tuple(newcomers), include_descendants=selector.include_descendants)
+        plan = plan_reap(table, follow_up, protection, options)
+        plans.append(plan)
+        seen |= {i.key for i in plan.job}
+        outcome.merge(Executor(plan, control, protection, options, clock, sleep, number).run())
+    _name_held_devices(outcome, proc_root, device_glob)
+    return ReapResult(plans, outcome, clock() - started)
+
+
+def _name_held_devices(outcome: Outcome, proc_root: str, device_glob: str) -> None:
+    """The GPU device files the processes left running still hold: evidence for the host."""
+    left = {(e["pid"], e["starttime"]): e for e in outcome.remaining if e["state"] != "Z"}
+    if not left:
+        return
+    table = ProcessTable.scan(proc_root)
+    same = [pid for pid, starttime in left if pid in table.processes and table.processes[pid].starttime == starttime]
+    holders = table.device_holders(device_glob, candidates=same)
+    for (pid, _starttime), entry in left.items():
+        entry["devices"] = sorted({h.device for h in holders if h.pid == pid})
+        if entry["devices"]:
+            outcome.reasons.append(f"pid {pid} ({entry['comm']}) still holds {', '.join(entry['devices'])}")
+
+
+def summary(result: ReapResult, check_mode: bool) -> str:
+    """One line for the task output."""
+    plan = result.first
+    missing = f"; pids {_joined(plan.missing_pids)} do not exist" if plan.missing_pids else ""
+    if plan.is_empty:
+        return f"nothing to reap: no process of the job is left{missing}"
+    if check_mode or result.outcome is None:
+        signals = len(result.first.steps)
+        targets = len(result.first.targets)
+        return (
+            f"check mode: the plan has {signals} step(s) for {targets} process(es) of {len(plan.job)} in the job; "
+            f"nothing was signalled{missing}"
+        )
+    outcome = result.outcome
+    if outcome.escalation == NO_ESCALATION:
+        left = f"{len(outcome.remaining)} left, none needing a reboot (see remaining)" if outcome.remaining else "nothing left that blocks a relaunch"
+    else:
+        left = f"escalation {outcome.escalation}: {'; '.join(outcome.reasons)}"
+    return f"ended {len(outcome.ended)} process(es) with {outcome.signals_sent} signal(s); {left}{missing}"

@@ -1,0 +1,154 @@
+"""The /proc parser and snapshot on fixture trees (the real-process tests are in tests/integration)."""
+
+from __future__ import annotations
+
+import os
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
+    ProcessTable,
+    ProcfsError,
+    compile_patterns,
+    parse_stat,
+)
+from tests.harness.fakeproc import FakeProc
+
+
+def stat_line(pid: int, comm: str, state: str = "S", ppid: int = 1, threads: int = 1, starttime: int = 1000) -> bytes:
+    return FakeProc.stat(pid, comm, state, ppid, None, threads, starttime, 0)
+
+
+def test_parse_stat_splits_after_the_last_paren():
+    fields = parse_stat(stat_line(42, "evil) S 1 (x", state="Z", ppid=7, threads=3, starttime=99))
+    assert fields is not None
+    assert fields.comm == "evil) S 1 (x"
+    assert (fields.state, fields.ppid, fields.threads, fields.starttime) == ("Z", 7, 3, 99)
+
+
+def test_parse_stat_with_spaces_in_comm():
+    fields = parse_stat(stat_line(5, "tmux: server", ppid=1))
+    assert fields is not None and fields.comm == "tmux: server" and fields.ppid == 1
+
+
+@pytest.mark.parametrize("raw", [b"", b"12 (x", b"12 (x) S 1", b"garbage"])
+def test_parse_stat_rejects_truncated_lines(raw):
+    assert parse_stat(raw) is None
+
+
+def test_snapshot_reads_processes_cmdline_and_kernel_threads(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init", cmdline=["/sbin/init"])
+    proc.add(2, "kthreadd", ppid=0, flags=0x00200000)
+    proc.add(30, "kworker/0:1", ppid=2, flags=0x00200000)
+    proc.add(100, "python3", cmdline=["python3", "/work/train.py", "--lr", "3e-4"])
+    table = ProcessTable.scan(str(tmp_path))
+    assert sorted(table.processes) == [1, 2, 30, 100]
+    assert table.processes[100].cmdline == "python3 /work/train.py --lr 3e-4"
+    assert table.processes[30].is_kernel_thread and table.processes[30].cmdline == ""
+    assert not table.processes[100].is_kernel_thread
+
+
+def test_zombie_leader_has_empty_cmdline_and_threads_from_task_dir(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init")
+    proc.add(50, "python3", state="Z", threads=2, cmdline=[])
+    proc.add_thread(50, 50, "python3", state="Z")
+    proc.add_thread(50, 51, "pt_main_thread", state="D", wchan="uvm_va_space_destroy")
+    table = ProcessTable.scan(str(tmp_path))
+    leader = table.processes[50]
+    assert leader.cmdline == "" and leader.is_zombie
+    threads = table.load_threads(50)
+    assert [(t.tid, t.state, t.wchan) for t in threads] == [(50, "Z", ""), (51, "D", "uvm_va_space_destroy")]
+    assert [t.tid for t in leader.live_threads] == [51]
+
+
+def test_device_holders_read_task_fds_of_zombie_leaders(tmp_path):
+    device = tmp_path / "nvidia0"
+    device.write_text("", encoding="utf-8")
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(1, "init")
+    proc.add(50, "python3", state="Z", threads=2)
+    proc.add_thread(50, 50, "python3", state="Z")
+    proc.add_thread(50, 51, "worker", state="S")
+    proc.add_fd(50, "7", str(device), tid=51)
+    proc.add(60, "python3", cmdline=["python3", "x.py"])
+    proc.add_fd(60, "3", str(device))
+    proc.add_fd(60, "4", "/dev/null")
+    table = ProcessTable.scan(str(tmp_path / "proc"))
+    holders = table.device_holders(str(tmp_path / "nvidia*"))
+    assert [(h.pid, h.tid, h.comm, h.device) for h in holders] == [
+        (50, 51, "worker", str(device)),
+        (60, 60, "python3", str(device)),
+    ]
+
+
+def test_device_walk_skipped_when_no_device_exists(tmp_path):
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(60, "python3")
+    proc.add_fd(60, "3", str(tmp_path / "nvidia0"))  # target does not exist on this machine
+    table = ProcessTable.scan(str(tmp_path / "proc"))
+    assert table.device_holders(str(tmp_path / "nvidia*")) == []
+
+
+def test_vanished_and_half_written_processes_are_skipped(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init")
+    (tmp_path / "77").mkdir()  # the process went away between listdir and reading stat
+    (tmp_path / "78").mkdir()
+    (tmp_path / "78" / "stat").write_bytes(b"78 (trunc")
+    table = ProcessTable.scan(str(tmp_path))
+    assert sorted(table.processes) == [1]
+
+
+def test_missing_proc_root_is_a_clear_error(tmp_path):
+    with pytest.raises(ProcfsError, match="cannot list"):
+        ProcessTable.scan(str(tmp_path / "nope"))
+
+
+def test_structure_descendants_and_ancestors(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init")
+    proc.add(10, "a", ppid=1)
+    proc.add(11, "b", ppid=10)
+    proc.add(12, "c", ppid=11)
+    proc.add(13, "d", ppid=10)
+    table = ProcessTable.scan(str(tmp_path))
+    assert sorted(table.descendants(10)) == [11, 12, 13]
+    assert table.ancestors(12) == [11, 10, 1]
+
+
+def test_refresh_sees_a_recycled_pid(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init")
+    proc.add(10, "old", starttime=500)
+    table = ProcessTable.scan(str(tmp_path))
+    proc.add(10, "new", starttime=900)  # same pid, a different process
+    assert table.refresh(10) is None
+    proc.add(10, "old", starttime=500)
+    refreshed = table.refresh(10)
+    assert refreshed is not None and refreshed.comm == "old"
+
+
+def test_compile_patterns_names_option_and_pattern():
+    with pytest.raises(ValueError, match=r"match: '\(' is not a valid regular expression"):
+        compile_patterns(["ok", "("], "match")
+
+
+def test_scan_of_real_proc_finds_itself():
+    table = ProcessTable.scan("/proc")
+    me = table.processes[os.getpid()]
+    assert me.starttime > 0
+    assert "pytest" in me.cmdline
+    assert table.processes[os.getppid()].pid == me.ppid
+    assert 1 in table.processes
+
+
+def test_pid_2_inside_a_namespace_is_an_ordinary_process(tmp_path):
+    # Only PF_KTHREAD marks a kernel thread: in a PID namespace pid 2 is often the job itself.
+    proc = FakeProc(tmp_path)
+    proc.add(1, "sleep", cmdline=["sleep", "infinity"])
+    proc.add(2, "python3", cmdline=["python3", "train.py"])
+    proc.add(3, "python3", ppid=2, cmdline=["python3", "-c", "worker"])
+    table = ProcessTable.scan(str(tmp_path))
+    assert not table.processes[2].is_kernel_thread and not table.processes[3].is_kernel_thread
+    assert table.processes[2].cmdline == "python3 train.py"

@@ -1,0 +1,110 @@
+"""launch_records: the job's state directory, read as regular files only, never trusted blindly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+    RUN_MARK,
+    process_starttime,
+    run_mark,
+)
+
+
+def test_state_dirs_are_private_and_the_lock_has_a_deadline(tmp_path) -> None:
+    first = JobRecords(str(tmp_path / "state" / "job"))
+    first.ensure_dir()
+    assert oct((tmp_path / "state").stat().st_mode & 0o777) == "0o700"
+    assert oct((tmp_path / "state" / "job").stat().st_mode & 0o777) == "0o700"
+    first.lock(1)
+    with pytest.raises(OSError, match="another train_launch task"):
+        JobRecords(str(tmp_path / "state" / "job")).lock(0.3)
+
+
+def test_a_state_dir_that_is_a_file_or_a_link_is_named(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError, match="^state_dir: .*not a directory"):
+        JobRecords(str(tmp_path / "file" / "job")).ensure_dir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "state" / "job")
+    with pytest.raises(OSError, match="^state_dir: .*symlink is refused"):
+        JobRecords(str(tmp_path / "state" / "job")).ensure_dir()
+    assert not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused(tmp_path, records) -> None:
+    target = tmp_path / "target"
+    target.write_text("keep")
+    os.symlink(target, tmp_path / "job" / ".lock")
+    with pytest.raises(OSError, match="^state_dir: cannot open the lock"):
+        records.lock(1)
+    assert target.read_text() == "keep"
+
+
+@pytest.fixture
+def records(tmp_path) -> JobRecords:
+    job = JobRecords(str(tmp_path / "job"))
+    job.ensure_dir()
+    return job
+
+
+@pytest.fixture
+def marked_sleeper(tmp_path):
+    """A process that carries run "a"'s mark of tmp_path/job, as a job the supervisor started would."""
+    job_dir = str(tmp_path / "job")
+    env = dict(os.environ, **{RUN_MARK: run_mark(job_dir, "a")})
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_status_follows_the_run_and_its_exit(tmp_path, records, marked_sleeper) -> None:
+    assert records.status().run is None and not records.status().running
+    run = {"run_id": "a", "pid": marked_sleeper.pid, "starttime": process_starttime(marked_sleeper.pid),
+           "backend": "supervisor", "spec_hash": "h"}
+    records.write_run(run)
+    status = records.status()
+    assert status.running and status.backend == "supervisor" and status.spec_hash == "h"
+    (tmp_path / "job" / "exit.json").write_text('{"run_id": "older", "exit_code": 1}')
+    assert records.status().running and records.read_exit("a") is None
+    (tmp_path / "job" / "exit.json").write_text('{"run_id": "a", "exit_code": 0}')
+    assert not records.status().running and records.status().exit == {"run_id": "a", "exit_code": 0}
+    assert records.problems == []
+
+
+def test_a_recorded_process_without_the_runs_mark_is_not_running(records) -> None:
+    # This test's own process: real pid, real start time, but no mark of run "a".
+    records.write_run({"run_id": "a", "pid": os.getpid(), "starttime": process_starttime(os.getpid())})
+    assert records.status().run is not None and not records.status().running
+
+
+@pytest.mark.parametrize("content, problem", [
+    ('{"run_id": "a", "pid": "abc", "starttime": 1}', "pid is not a process number"),
+    ('{"run_id": "a", "pid": true, "starttime": 1}', "pid is not a process number"),
+    ('{"run_id": "a", "pid": -4, "starttime": 1}', "pid is not a process number"),
+    ('{"pid": 5, "starttime": 1}', "run_id is missing"),
+    ('{"run_id": "a", "pid"', "is not valid JSON"),
+    ('[1, 2]', "does not hold a JSON object"),
+])
+def test_a_record_that_is_not_sound_is_reported_and_ignored(tmp_path, records, content, problem) -> None:
+    (tmp_path / "job" / "run.json").write_text(content)
+    status = records.status()
+    assert status.run is None and not status.running
+    assert len(records.problems) == 1 and problem in records.problems[0] and "ignored" in records.problems[0]
+
+
+def test_records_are_never_read_through_a_symlink_or_from_a_fifo(tmp_path, records) -> None:
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"run_id": "a", "pid": 1, "starttime": 0}')
+    os.symlink(elsewhere, tmp_path / "job" / "run.json")
+    os.mkfifo(tmp_path / "job" / "exit.json")
+    assert records.read_run() is None and records.read_exit() is None  # returns at once: no FIFO wait
+    assert any("run.json cannot be read safely" in p for p in records.problems)
+    assert any("exit.json cannot be read safely" in p for p in records.problems)

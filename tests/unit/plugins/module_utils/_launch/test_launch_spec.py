@@ -1,0 +1,152 @@
+"""launch_spec: the spec hash and the checks on user input."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import (
+    JobSpec,
+    SpecError,
+    check_remove_paths,
+    options_from_params,
+)
+
+
+def params(tmp_path, **overrides):
+    base = {
+        "name": "job", "state": "started", "command": ["python3", "train.py"], "shell": False,
+        "chdir": None, "env": {}, "user": None, "group": None, "log_path": str(tmp_path / "train.log"),
+        "keep_logs": 5, "state_dir": str(tmp_path / "state"), "backend": "auto", "startup_timeout": 60,
+        "min_uptime": 5, "ready_regex": None, "stop_timeout": 30, "remove_paths": [], "log_tail_lines": 20,
+    }
+    base.update(overrides)
+    return base
+
+
+def test_hash_is_stable_and_sees_every_part() -> None:
+    spec = JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w", user="root", group="root")
+    assert spec.spec_hash == JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w",
+                                     user="root", group="root").spec_hash
+    variants = [
+        JobSpec(argv=("python3", "train.py", "--x"), env=(("A", "1"),), chdir="/w", user="root", group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "2"),), chdir="/w", user="root", group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/v", user="root", group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w", user=None, group="root"),
+        JobSpec(argv=("python3", "train.py"), env=(("A", "1"),), chdir="/w", user="root", group=None),
+    ]
+    assert len({spec.spec_hash} | {v.spec_hash for v in variants}) == 6
+
+
+def test_env_order_does_not_change_the_hash(tmp_path) -> None:
+    one = options_from_params(params(tmp_path, env={"A": "1", "B": "2"}))
+    two = options_from_params(params(tmp_path, env={"B": "2", "A": "1"}))
+    assert one.spec.spec_hash == two.spec.spec_hash
+
+
+def test_shell_wraps_the_string(tmp_path) -> None:
+    options = options_from_params(params(tmp_path, command="echo hi | cat", shell=True))
+    assert options.spec.argv == ("/bin/sh", "-c", "echo hi | cat")
+    assert options.job_dir == str(tmp_path / "state" / "job")
+
+
+def test_job_environment_is_clean_plus_env(tmp_path) -> None:
+    env = options_from_params(params(tmp_path, env={"CUDA_VISIBLE_DEVICES": "0"})).spec.job_environment()
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["PATH"].startswith("/usr/local/sbin")
+    assert "PYTHONPATH" not in env and "ANSIBLE_MODULE_ARGS" not in env
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"command": []}, "command: must be a non-empty list"),
+        ({"command": ""}, "command: a string is only accepted with shell=true"),
+        ({"command": "x y"}, "shell=true"),
+        ({"command": [""]}, "command: the program"),
+        ({"command": ["a"], "shell": True}, "with shell=true, command must be a non-empty string"),
+        ({"command": None}, "command: required with state=started"),
+        ({"log_path": None}, "log_path: required"),
+        ({"log_path": "rel/train.log"}, "log_path: 'rel/train.log' is not an absolute path"),
+        ({"log_path": "/nonexistent-dir-gpuops/train.log"}, "does not exist"),
+        ({"state_dir": "state"}, "state_dir:"),
+        ({"chdir": "/nonexistent-dir-gpuops"}, "chdir:"),
+        ({"user": "no-such-user-gpuops"}, "user: no such user"),
+        ({"group": "no-such-group-gpuops"}, "group: no such group"),
+        ({"ready_regex": "("}, "ready_regex: '(' is not a valid regular expression"),
+        ({"name": "a/b"}, "name:"),
+        ({"name": ""}, "name:"),
+        ({"env": {"A=B": "1"}}, "env:"),
+        ({"min_uptime": 10, "startup_timeout": 5}, "min_uptime:"),
+        ({"stop_timeout": -1}, "stop_timeout: must be at least 0"),
+        ({"stop_timeout": float("nan")}, "stop_timeout: must be a finite number"),
+        ({"startup_timeout": float("inf")}, "startup_timeout: must be a finite number"),
+        ({"startup_timeout": 1e12}, "startup_timeout: must be at least 0 and at most 86400"),
+        ({"min_uptime": float("nan")}, "min_uptime: must be a finite number"),
+        ({"keep_logs": 0}, "keep_logs:"),
+        ({"keep_logs": 10 ** 6}, "keep_logs: must be between 1 and 1000"),
+        ({"log_tail_lines": -1}, "log_tail_lines:"),
+        ({"command": ["python3", "a\0b"]}, "command: argument 1 contains a NUL byte"),
+        ({"env": {"A": "x\0y"}}, "env: the value of A contains a NUL byte"),
+        ({"command": ["no-such-program-gpuops"]}, "command: 'no-such-program-gpuops' is not an executable file on PATH"),
+        ({"command": ["python3"], "env": {"PATH": "/nonexistent-dir-gpuops"}}, "on PATH /nonexistent-dir-gpuops"),
+        ({"command": ["./train.sh"], "chdir": "/tmp"}, "command: './train.sh' is not an executable file in /tmp"),
+        ({"command": ["/etc/passwd"]}, "command: '/etc/passwd' is not an executable file for user"),
+    ],
+)
+def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:
+    with pytest.raises(SpecError) as caught:
+        options_from_params(params(tmp_path, **overrides))
+    assert message in str(caught.value)
+
+
+def test_check_mode_accepts_a_log_directory_an_earlier_task_would_create(tmp_path) -> None:
+    later = params(tmp_path, log_path=str(tmp_path / "logs" / "train.log"))
+    assert options_from_params(later, check_mode=True).log_path == str(tmp_path / "logs" / "train.log")
+    with pytest.raises(SpecError, match="does not exist"):
+        options_from_params(later)
+
+
+def test_the_program_is_resolved_as_the_jobs_user(tmp_path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o700)  # root may run it; nobody may not
+    tmp_path.chmod(0o755)
+    assert options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path))).spec.argv[0] == "./train.sh"
+    with pytest.raises(SpecError, match="command: './train.sh' is not an executable file in .* for user nobody"):
+        options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path), user="nobody"))
+    script.chmod(0o755)
+    assert options_from_params(params(tmp_path, command=[str(script)], user="nobody")).spec.user == "nobody"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_at_log_path_is_refused(tmp_path, kind) -> None:
+    log = tmp_path / "train.log"
+    if kind == "symlink":
+        (tmp_path / "secret").write_text("root only")
+        log.symlink_to(tmp_path / "secret")
+    else:
+        os.mkfifo(log)
+    with pytest.raises(SpecError, match="^log_path: .*(symbolic link|not a regular file)"):
+        options_from_params(params(tmp_path))
+
+
+def test_log_path_that_is_a_directory(tmp_path) -> None:
+    (tmp_path / "train.log").mkdir()
+    with pytest.raises(SpecError, match="is a directory"):
+        options_from_params(params(tmp_path))
+
+
+def test_stopped_needs_no_command(tmp_path) -> None:
+    options = options_from_params(params(tmp_path, state="stopped", command=None, log_path=None))
+    assert options.spec is None and options.state == "stopped"
+
+
+@pytest.mark.parametrize("path", ["/", "//", "/tmp/..", "/./", "relative", "", "./x"])
+def test_remove_paths_refuses_root_and_relative(path) -> None:
+    with pytest.raises(SpecError, match="remove_paths:"):
+        check_remove_paths([path])
+
+
+def test_remove_paths_are_normalised() -> None:
+    assert check_remove_paths(["/tmp/torchinductor_root/", "/tmp/a/../b"]) == ("/tmp/torchinductor_root", "/tmp/b")

@@ -1,0 +1,198 @@
+"""launch_supervisor: the supervisor program run for real, and the detaching spawn."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import supervisor as launch_supervisor
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+    exit_fields,
+    install_supervisor,
+    read_json,
+    record_systemd_exit,
+    spawn_detached,
+    write_json_atomic,
+)
+from tests.harness.procstates import wait_until
+
+DEMO = str(Path(__file__).resolve().parents[5] / "playbooks" / "files" / "demo_train.py")
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.fixture
+def job_dir(tmp_path):
+    directory = tmp_path / "job"
+    directory.mkdir()
+    return directory
+
+
+def launch(job_dir: Path, argv: list[str], log: Path, linger: str = "never", run_id: str = "r1") -> subprocess.Popen:
+    """Run the installed copy of the supervisor as our child, so the test can wait for it."""
+    write_json_atomic(str(job_dir / "launch.json"), {
+        "run_id": run_id, "argv": argv, "env": {"PATH": os.environ["PATH"]}, "chdir": str(job_dir),
+        "user": None, "group": None, "spec_hash": "h", "log_path": str(log)})
+    script = install_supervisor(str(job_dir))
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, script, "run", str(job_dir), linger], stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL)
+
+
+def test_supervisor_reaps_orphans_forwards_sigterm_and_records_the_exit(job_dir, tmp_path) -> None:
+    log = tmp_path / "train.log"
+    pids = tmp_path / "workers"
+    supervisor = launch(job_dir, [sys.executable, DEMO, "--workers", "2", "--worker-seconds", "0.5",
+                                  "--pid-file", str(pids)], log)
+    try:
+        wait_until((job_dir / "run.json").exists)
+        run = read_json(str(job_dir / "run.json"))
+        assert run["supervisor_pid"] == supervisor.pid and run["pgid"] == run["pid"] and run["run_id"] == "r1"
+        assert os.getpgid(run["pid"]) == run["pid"]  # the job leads a group of its own
+        wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+        workers = [int(p) for p in pids.read_text().split()]
+        # Orphaned at once, the workers are adopted by the supervisor (subreaper), then reaped by it.
+        assert set(workers) <= set(children_of(supervisor.pid)) | {w for w in workers if not Path(f"/proc/{w}").exists()}
+        wait_until(lambda: not any(Path(f"/proc/{w}").exists() for w in workers))
+        assert not (job_dir / "exit.json").exists()
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    record = json.loads((job_dir / "exit.json").read_text())
+    assert record["run_id"] == "r1" and record["exit_code"] == 0 and record["exit_signal"] is None
+    assert "got signal 15" in log.read_text()
+    assert oct((job_dir / "exit.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_supervisor_records_a_failing_job_and_a_missing_program(job_dir, tmp_path) -> None:
+    log = tmp_path / "train.log"
+    supervisor = launch(job_dir, [sys.executable, DEMO, "--exit-after", "0", "--exit-code", "3"], log)
+    assert supervisor.wait(timeout=30) == 0
+    assert read_json(str(job_dir / "exit.json"))["exit_code"] == 3
+    supervisor = launch(job_dir, ["/nonexistent/program"], log)
+    assert supervisor.wait(timeout=30) == 1
+    assert "No such file" in read_json(str(job_dir / "exit.json"))["error"]
+
+
+def test_supervisor_lingers_where_nothing_reaps_it_and_takes_the_next_run(job_dir, tmp_path) -> None:
+    log = tmp_path / "train.log"
+    supervisor = launch(job_dir, [sys.executable, DEMO, "--exit-after", "0", "--exit-code", "3"], log, linger="always")
+    try:
+        wait_until((job_dir / "idle.json").exists)
+        idle = read_json(str(job_dir / "idle.json"))
+        assert idle["supervisor_pid"] == supervisor.pid and idle["last_run_id"] == "r1"
+        assert supervisor.poll() is None and read_json(str(job_dir / "exit.json"))["exit_code"] == 3
+        log.rename(str(log) + ".1")  # rotated, as the module does before a start
+        write_json_atomic(str(job_dir / "launch.json"), {
+            "run_id": "r2", "argv": [sys.executable, DEMO, "--exit-after", "0", "--exit-code", "4"],
+            "env": {"PATH": os.environ["PATH"]}, "chdir": str(job_dir), "log_path": str(log)})
+        supervisor.send_signal(signal.SIGUSR1)
+        wait_until(lambda: (read_json(str(job_dir / "exit.json")) or {}).get("run_id") == "r2")
+        assert read_json(str(job_dir / "exit.json"))["exit_code"] == 4
+        assert "exiting with code 4" in log.read_text()  # the new run writes to the new log
+        assert "exiting with code 4" not in Path(str(log) + ".1").read_text()
+        assert read_json(str(job_dir / "run.json"))["supervisor_pid"] == supervisor.pid
+        wait_until(lambda: (read_json(str(job_dir / "idle.json")) or {}).get("last_run_id") == "r2")
+        supervisor.send_signal(signal.SIGTERM)  # idle: told to end, it ends
+        assert supervisor.wait(timeout=30) == 0
+        assert not (job_dir / "idle.json").exists()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+
+
+@pytest.mark.parametrize("sigcgt, sigign, reaps", [
+    ("0000000000000000", "0000000000000000", False),  # sleep as a container init
+    ("0000000000010000", "0000000000000000", True),   # catches SIGCHLD (systemd, tini, bash)
+    ("0000000000000000", "0000000000010000", True),   # ignores SIGCHLD: the kernel reaps
+    ("00000000000004e8", "0000000000001000", False),  # polls wait() without a handler
+])
+def test_parent_reaps(tmp_path, sigcgt, sigign, reaps) -> None:
+    status = tmp_path / str(os.getppid()) / "status"
+    status.parent.mkdir()
+    status.write_text(f"Name:\tinit\nSigBlk:\t0000000000000000\nSigIgn:\t{sigign}\nSigCgt:\t{sigcgt}\n")
+    assert launch_supervisor.parent_reaps(str(tmp_path)) is reaps
+    assert launch_supervisor.parent_reaps(str(tmp_path / "missing")) is True
+
+
+def test_supervisor_copy_runs_without_the_collection(job_dir) -> None:
+    script = install_supervisor(str(job_dir))
+    assert "ansible_collections" not in [line.split()[1] for line in Path(script).read_text().splitlines()
+                                         if line.startswith(("import ", "from "))]
+    proc = subprocess.run([sys.executable, "-I", script], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_spawn_detached_leaves_the_session_and_closes_fds(tmp_path) -> None:
+    log = tmp_path / "out.log"
+    report = tmp_path / "report.json"
+    keep_open = os.open(os.devnull, os.O_RDONLY)  # inheritable: must not reach the daemon
+    os.set_inheritable(keep_open, True)
+    code = ("import json,os,sys; print('hello'); json.dump({'sid': os.getsid(0), 'pid': os.getpid(), "
+            "'fds': sorted(os.listdir('/proc/self/fd')), 'stdin': os.readlink('/proc/self/fd/0'), "
+            "'ppid': os.getppid(), 'cwd': os.getcwd()}, open(sys.argv[1], 'w'))")
+    try:
+        spawn_detached([sys.executable, "-c", code, str(report)], str(log))
+    finally:
+        os.close(keep_open)
+    wait_until(lambda: report.exists() and report.stat().st_size > 0)
+    wait_until(lambda: read_json(str(report)) is not None)
+    seen = read_json(str(report))
+    # A session of its own (setsid in the first child), but not its leader (second fork), so it
+    # can never acquire a controlling terminal.
+    assert seen["sid"] != os.getsid(0) and seen["sid"] != seen["pid"]
+    assert seen["stdin"] == "/dev/null" and seen["cwd"] == "/"
+    assert seen["ppid"] != os.getpid()  # the intermediate child exited: we are not its parent
+    assert set(seen["fds"]) <= {"0", "1", "2", "3"}  # 3: the listing's own directory fd
+    wait_until(lambda: "hello" in log.read_text())
+
+
+def test_atomic_write_and_read(tmp_path) -> None:
+    path = str(tmp_path / "state.json")
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"a": 2})
+    assert read_json(path) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    (tmp_path / "partial.json").write_text('{"a": ')
+    assert read_json(str(tmp_path / "partial.json")) is None
+    assert read_json(str(tmp_path / "missing.json")) is None
+
+
+def test_exit_fields() -> None:
+    assert exit_fields(3 << 8) == {"exit_code": 3, "exit_signal": None}
+    assert exit_fields(signal.SIGKILL) == {"exit_code": None, "exit_signal": "SIGKILL"}
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({"EXIT_CODE": "exited", "EXIT_STATUS": "3", "SERVICE_RESULT": "exit-code"}, (3, None)),
+        ({"EXIT_CODE": "exited", "EXIT_STATUS": "0", "SERVICE_RESULT": "success"}, (0, None)),
+        ({"EXIT_CODE": "killed", "EXIT_STATUS": "TERM", "SERVICE_RESULT": "success"}, (None, "SIGTERM")),
+        ({"EXIT_CODE": "dumped", "EXIT_STATUS": "SEGV", "SERVICE_RESULT": "core-dump"}, (None, "SIGSEGV")),
+    ],
+)
+def test_record_systemd_exit(tmp_path, environ, expected) -> None:
+    record_systemd_exit(str(tmp_path), "r9", environ)
+    record = read_json(str(tmp_path / "exit.json"))
+    assert (record["exit_code"], record["exit_signal"]) == expected
+    assert record["run_id"] == "r9" and record["service_result"] == environ["SERVICE_RESULT"]
+
+
+def test_source_is_this_module() -> None:
+    assert "class Supervisor" in launch_supervisor.supervisor_source()

@@ -1,0 +1,198 @@
+"""launch_tree: stopping a real process tree, and only its proven members."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+    RUN_MARK,
+    SUPERVISOR_MARK,
+    process_starttime,
+    run_mark,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
+    JobIdentity,
+    RecordError,
+    leader_alive,
+    look,
+    stop_tree,
+    wake_idle_supervisor,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import REFUSED
+
+JOB_DIR = "/var/lib/gpuops-test/job"
+RUN_ID = "run-1"
+
+# A job leader with a child (in its group, like a data loader) and a grandchild that clears its
+# environment; the leader may ignore SIGTERM.
+JOB = """
+import os, signal, subprocess, sys, time
+if sys.argv[1] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def marked_env(run_id: str = RUN_ID) -> dict:
+    return dict(os.environ, **{RUN_MARK: run_mark(JOB_DIR, run_id)})
+
+
+@pytest.fixture
+def started():
+    procs = []
+
+    def start(mode: str, env: dict | None = None, own_group: bool = True):
+        proc = subprocess.Popen([sys.executable, "-c", JOB, mode], stdout=subprocess.PIPE, text=True,
+                                env=marked_env() if env is None else env,
+                                process_group=0 if own_group else None)
+        child = int(proc.stdout.readline())
+        procs.append((proc, child))
+        return proc, child
+
+    yield start
+    for proc, child in procs:
+        for pid in (child, proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
+
+
+def identity(proc, **extra) -> JobIdentity:
+    fields = {"pid": proc.pid, "starttime": process_starttime(proc.pid)}
+    fields.update(extra)
+    return JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, **fields)
+
+
+def reap_soon(proc):
+    """We are the test job's parent: reap it as a supervisor would, as soon as it ends."""
+    thread = threading.Thread(target=proc.wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_sigterm_ends_a_cooperative_marked_tree(started) -> None:
+    proc, child = started("term")
+    job = identity(proc)
+    assert set(look(job).members) == {proc.pid, child}
+    assert look(job).leader_running and leader_alive(job)
+    reaper = reap_soon(proc)
+    outcome = stop_tree(job, stop_timeout=10)
+    assert outcome.gone and not outcome.escalated
+    assert set(outcome.signalled) == {proc.pid, child}
+    reaper.join(timeout=10)
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_sigkill_after_stop_timeout(started) -> None:
+    proc, _child = started("ignore")
+    reaper = reap_soon(proc)
+    outcome = stop_tree(identity(proc), stop_timeout=0.5)
+    assert outcome.gone and outcome.escalated
+    reaper.join(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_a_record_naming_an_unmarked_process_is_ignored_and_reported(started) -> None:
+    # Real pid, real start time, even the recorded process group: but not this run's mark. This is
+    # a recycled pid (another daemon's leaderless group) or a record that lies; never signalled.
+    proc, child = started("term", env=dict(os.environ))
+    job = identity(proc)
+    view = look(job)
+    assert view.members == set() and not view.leader_running and not leader_alive(job)
+    assert [entry["record"] for entry in view.ignored] == ["pid"]
+    assert "does not carry this run's mark" in view.ignored[0]["reason"]
+    outcome = stop_tree(job, stop_timeout=0.2, kill_wait=0.2)
+    assert outcome.gone and outcome.signalled == [] and outcome.ignored == view.ignored
+    assert alive(proc.pid) and alive(child)
+
+
+def test_another_runs_mark_is_not_this_runs(started) -> None:
+    proc, child = started("term", env=marked_env("another-run"))
+    outcome = stop_tree(identity(proc), stop_timeout=0.2, kill_wait=0.2)
+    assert outcome.signalled == [] and alive(proc.pid) and alive(child)
+
+
+def test_pid_1_and_the_modules_own_chain_in_a_record_are_never_signalled() -> None:
+    for pid in (1, os.getpid(), os.getppid()):
+        job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, pid=pid, starttime=process_starttime(pid),
+                          supervisor_pid=pid, supervisor_starttime=process_starttime(pid))
+        outcome = stop_tree(job, stop_timeout=0.2, kill_wait=0.2)
+        assert outcome.signalled == [] and outcome.gone
+        assert {entry["record"] for entry in outcome.ignored} == {"pid", "supervisor_pid"}
+
+
+def test_a_marked_member_in_the_modules_own_group_is_spared_and_reported(started) -> None:
+    # A helper of the job that runs Ansible puts the controller in the job's group and mark.
+    proc, child = started("term", own_group=False)
+    outcome = stop_tree(identity(proc), stop_timeout=0.3, kill_wait=0.3)
+    assert outcome.signalled == [] and not outcome.gone
+    assert {entry["pid"] for entry in outcome.remaining} == {proc.pid, child}
+    assert all("process group of the Ansible process" in entry["protected"] for entry in outcome.remaining)
+    assert alive(proc.pid) and alive(child)
+
+
+SUPERVISOR = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env={})
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("proven", [True, False])
+def test_descendants_of_a_proven_supervisor_are_members_even_without_a_mark(proven) -> None:
+    env = dict(os.environ, **({SUPERVISOR_MARK: JOB_DIR} if proven else {}))
+    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR], stdout=subprocess.PIPE, text=True,
+                                  env=env, process_group=0)
+    child = int(supervisor.stdout.readline())
+    try:
+        job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, supervisor_pid=supervisor.pid,
+                          supervisor_starttime=process_starttime(supervisor.pid))
+        view = look(job)
+        assert view.supervisor_alive is proven
+        assert view.members == ({child} if proven else set())
+        if not proven:
+            assert [entry["record"] for entry in view.ignored] == ["supervisor_pid"]
+        idle = {"supervisor_pid": supervisor.pid, "supervisor_starttime": process_starttime(supervisor.pid)}
+        if not proven:
+            assert wake_idle_supervisor(idle, JOB_DIR) == REFUSED
+    finally:
+        for pid in (child, supervisor.pid):
+            os.kill(pid, signal.SIGKILL)
+        supervisor.wait()
+
+
+def test_leader_alive_sees_reuse_and_zombies() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"], env=marked_env())
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, pid=child.pid, starttime=process_starttime(child.pid))
+    assert not leader_alive(job)
+    child.wait()
+    assert not leader_alive(job)
+    assert not leader_alive(JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID))
+
+
+@pytest.mark.parametrize("run", [
+    {"run_id": "a", "pid": "12"}, {"run_id": "a", "supervisor_pid": 1.5}, {"run_id": 7}, {},
+])
+def test_a_run_record_of_the_wrong_kind_is_a_record_error(run) -> None:
+    with pytest.raises(RecordError, match="^run.json: "):
+        JobIdentity.from_run(run, JOB_DIR)

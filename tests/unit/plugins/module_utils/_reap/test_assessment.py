@@ -1,0 +1,148 @@
+"""Classification and verdict on fixture /proc trees.
+
+The states that cannot be made for real on a machine without a GPU (a thread asleep in the NVIDIA
+driver) are covered here; every other state is also made for real in tests/integration.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import (
+    AssessmentOptions,
+    assess,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JobSelector
+from tests.harness.clock import FakeClock
+from tests.harness.fakeproc import FakeProc
+
+
+def run(root, match=(), pids=(), **kwargs):
+    clock = FakeClock()
+    options = AssessmentOptions(selector=JobSelector.from_options(list(match), list(pids), True), **kwargs)
+    return assess(options, proc_root=str(root), clock=clock, sleep=clock.sleep), clock
+
+
+@pytest.fixture(name="proc")
+def proc_fixture(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init", cmdline=["/sbin/init"])
+    proc.add(5, "sshd", cmdline=["/usr/sbin/sshd", "-D"])
+    return proc
+
+
+def test_nothing_of_the_job_is_clean(proc):
+    proc.add(40, "python3", cmdline=["python3", "notebook.py"])
+    result, _clock = run(proc.root, match=[r"train\.py"])
+    assert result.verdict == "clean"
+    assert result.job_processes == []
+
+
+def test_running_job_with_descendants_is_reapable(proc):
+    proc.add(10, "python3", cmdline=["python3", "/w/train.py"])
+    proc.add(11, "python3", ppid=10, cmdline=["python3", "-c", "worker"])
+    proc.add(12, "pt_data_worker", ppid=11, cmdline=["python3", "-c", "loader"])
+    proc.add(20, "python3", cmdline=["python3", "/w/train_eval.py"])
+    result, _clock = run(proc.root, match=[r"/w/train\.py\b"])
+    assert [p["pid"] for p in result.job_processes] == [10, 11, 12]
+    assert result.verdict == "reapable"
+    assert any("10, 11, 12" in reason for reason in result.reasons)
+
+
+def test_protected_process_is_left_out_of_the_job(proc):
+    proc.add(10, "python3", cmdline=["python3", "/w/train.py"])
+    result, _clock = run(proc.root, match=[r"sshd|train"], protected=(re.compile(r"\bsshd\b"),))
+    assert [p["pid"] for p in result.job_processes] == [10]
+    assert [(p["pid"], p["comm"]) for p in result.protected] == [(5, "sshd")]
+
+
+def test_pid_1_is_never_part_of_the_job(proc):
+    result, _clock = run(proc.root, match=[r"init"], pids=[1])
+    assert result.job_processes == []
+    assert result.protected[0]["reason"] == "PID 1 of this namespace"
+
+
+def test_zombie_leader_with_live_thread(proc):
+    proc.add(10, "python3", cmdline=["python3", "/w/train.py"])
+    proc.add(30, "python3", state="Z", ppid=10, threads=2)
+    proc.add_thread(30, 30, "python3", state="Z")
+    proc.add_thread(30, 31, "pt_autograd_0", state="S", wchan="futex_wait_queue")
+    result, _clock = run(proc.root, match=[r"/w/train\.py"])
+    (zombie,) = result.zombies
+    assert zombie["kind"] == "zombie_leader"
+    assert zombie["live_threads"] == [{"tid": 31, "state": "S", "wchan": "futex_wait_queue", "comm": "pt_autograd_0"}]
+    assert zombie["parent"] == {"pid": 10, "comm": "python3", "state": "S", "is_namespace_init": False, "job": True}
+    assert zombie["parent_chain"] == [10, 1]
+    assert result.verdict == "reapable"
+
+
+def test_unrelated_plain_zombie_does_not_block(proc):
+    proc.add(70, "cron", cmdline=["cron"])
+    proc.add(71, "sh", state="Z", ppid=70)
+    result, clock = run(proc.root, match=[r"train"])
+    assert result.zombies[0]["blocking"] is False
+    assert result.verdict == "clean"
+    assert clock.sleeps == []  # not orphaned to PID 1: nothing to watch
+
+    strict, _clock = run(proc.root, match=[r"train"], require_no_zombies=True)
+    assert strict.verdict == "reapable"
+
+
+def test_orphaned_zombie_that_init_never_reaps_needs_reboot(proc):
+    proc.add(80, "python3", state="Z", ppid=1)
+    result, clock = run(proc.root, match=[r"train"], orphan_grace=2.0)
+    assert result.verdict == "needs_reboot"
+    assert result.zombies[0]["unreaped_orphan"] is True
+    assert "did not reap them within 2s" in result.reasons[0]
+    assert clock.now >= 2.0  # it watched for the whole grace, polling
+
+
+def test_orphaned_zombie_reaped_during_grace_is_not_a_reboot(proc):
+    proc.add(80, "python3", state="Z", ppid=1)
+    clock = FakeClock()
+
+    def init_reaps(now: float) -> None:
+        stat = proc.root / "80" / "stat"
+        if now >= 0.3 and stat.exists():
+            stat.unlink()
+
+    clock.on_sleep.append(init_reaps)
+    options = AssessmentOptions(selector=JobSelector(), orphan_grace=5.0)
+    result = assess(options, proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
+    assert result.verdict == "reapable"  # it was there at the snapshot, and init took it
+    assert result.zombies[0]["unreaped_orphan"] is False
+    assert clock.now < 1.0
+
+
+def test_thread_asleep_in_the_gpu_driver_needs_host_action(proc):
+    proc.add(10, "python3", cmdline=["python3", "/w/train.py"], threads=2, state="D")
+    proc.add_thread(10, 10, "python3", state="D", wchan="uvm_va_space_destroy")
+    proc.add_thread(10, 12, "python3", state="S", wchan="futex_wait_queue")
+    result, _clock = run(proc.root, match=[r"train\.py"])
+    assert result.verdict == "needs_host_action"
+    assert result.uninterruptible == [{"pid": 10, "tid": 10, "comm": "python3", "wchan": "uvm_va_space_destroy"}]
+    assert "uvm_va_space_destroy" in result.reasons[0]
+
+
+def test_d_state_outside_the_driver_is_waited_out(proc):
+    proc.add(10, "python3", cmdline=["python3", "/w/train.py"], state="D")
+    proc.add_thread(10, 10, "python3", state="D", wchan="do_freezer_trap")
+    result, _clock = run(proc.root, match=[r"train\.py"])
+    assert result.verdict == "reapable"
+    assert any("do_freezer_trap" in reason for reason in result.reasons)
+
+
+def test_unrelated_d_state_does_not_block(proc):
+    proc.add(90, "jbd2", cmdline=["backup"], state="D")
+    proc.add_thread(90, 90, "backup", state="D", wchan="io_schedule")
+    result, _clock = run(proc.root, match=[r"train\.py"])
+    assert result.uninterruptible[0]["pid"] == 90
+    assert result.verdict == "clean"
+
+
+def test_missing_pids_are_reported(proc):
+    result, _clock = run(proc.root, pids=[4242])
+    assert result.missing_pids == [4242]
+    assert result.verdict == "clean"

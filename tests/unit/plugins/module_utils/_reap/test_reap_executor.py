@@ -1,0 +1,160 @@
+"""The executor's ladder and signal gate on a simulated kernel (real processes: tests/integration)."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
+    CONTAINER_REBOOT,
+    HOST_ACTION,
+    NO_ESCALATION,
+    Executor,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import ReapOptions, plan_reap
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import GONE, RECYCLED, SENT
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
+    DEFAULT_PROTECTED,
+    JobSelector,
+    Protection,
+)
+from tests.harness.reap_sim import SimControl, SimKernel, SimProcess
+
+MODULE_PID = 900
+OPTIONS = {"term_timeout": 3.0, "kill_timeout": 2.0, "reap_timeout": 4.0, "d_state_timeout": 5.0}
+
+
+def world(init_reaps: bool = True) -> SimKernel:
+    kernel = SimKernel(init_reaps=init_reaps)
+    kernel.add(SimProcess(1, 1, 0, comm="sleep", cmdline="sleep infinity", reaps=False))
+    kernel.add(SimProcess(MODULE_PID, 900, 1, cmdline="python3 AnsiballZ_zombie_reap.py"))
+    return kernel
+
+
+def reap(kernel: SimKernel, match=(r"train\.py",), pids=(), use_pidfd=True, recycle_on_open=None, **overrides):
+    table = kernel.table()
+    protection = Protection(table, [re.compile(p) for p in DEFAULT_PROTECTED], own_pid=MODULE_PID)
+    options = ReapOptions(**dict(OPTIONS, **overrides))
+    plan = plan_reap(table, JobSelector.from_options(list(match), list(pids), True), protection, options)
+    control = SimControl(kernel, use_pidfd=use_pidfd, recycle_on_open=recycle_on_open)
+    outcome = Executor(plan, control, protection, options, kernel.clock, kernel.sleep).run()
+    return plan, outcome
+
+
+def sent(outcome):
+    return [(a.step.stage, a.step.target.pid, a.step.signal.name)
+            for a in outcome.actions if a.result == SENT]
+
+
+def test_a_job_that_exits_on_term_gets_nothing_more():
+    kernel = world()
+    kernel.add(SimProcess(10, 110, 1, cmdline="python3 train.py"))
+    kernel.add(SimProcess(11, 111, 10, cmdline="python3 train.py worker"))
+    _plan, outcome = reap(kernel)
+    assert sent(outcome) == [("terminate", 10, "SIGTERM"), ("terminate", 11, "SIGTERM")]
+    assert outcome.escalation == NO_ESCALATION and outcome.remaining == []
+    assert {(e["pid"], e["now"]) for e in outcome.ended} == {(10, "gone"), (11, "gone")}
+    assert outcome.changed
+    assert kernel.now < 1.0  # polled: no waiting out the term_timeout
+
+
+def test_term_ignored_means_sigkill_after_term_timeout():
+    kernel = world()
+    kernel.add(SimProcess(10, 110, 1, cmdline="python3 train.py", ignores_term=True))
+    _plan, outcome = reap(kernel)
+    assert sent(outcome) == [("terminate", 10, "SIGTERM"), ("kill", 10, "SIGKILL")]
+    kill = [a for a in outcome.actions if a.step.stage == "kill"][0]
+    assert kill.elapsed >= OPTIONS["term_timeout"]
+    assert outcome.escalation == NO_ESCALATION
+
+
+def test_zombie_leader_is_killed_at_once():
+    kernel = world()
+    kernel.add(SimProcess(20, 120, 1, cmdline="python3 train.py"))
+    kernel.add(SimProcess(21, 121, 20, state="Z", threads=2, ignores_term=True))
+    _plan, outcome = reap(kernel)
+    assert ("kill_leader", 21, "SIGKILL") in sent(outcome)
+    assert 21 not in kernel.processes
+
+
+def test_stuck_in_d_is_host_action_naming_the_wchan():
+    kernel = world()
+    stuck = kernel.add(SimProcess(30, 130, 1, cmdline="python3 train.py", stuck=True, wchan="uvm_va_space_destroy"))
+    _plan, outcome = reap(kernel)
+    assert outcome.escalation == HOST_ACTION
+    assert "wchan uvm_va_space_destroy" in outcome.reasons[0] and "pid 30 thread 30" in outcome.reasons[0]
+    assert outcome.remaining[0]["state"] == "D"
+    assert kernel.now >= OPTIONS["term_timeout"] + OPTIONS["d_state_timeout"]
+    assert stuck.pending_kill  # the SIGKILL was sent and waits for the task to wake
+    kernel.wake(30)
+    assert kernel.processes[30].state == "Z"
+
+
+def test_orphans_under_an_init_that_never_reaps_need_a_container_reboot():
+    kernel = world(init_reaps=False)
+    kernel.add(SimProcess(40, 140, 1, cmdline="python3 train.py"))
+    kernel.add(SimProcess(41, 141, 40, cmdline="python3 train.py worker", reaps=False))
+    kernel.add(SimProcess(42, 142, 41, state="Z"))
+    _plan, outcome = reap(kernel)
+    assert outcome.escalation == CONTAINER_REBOOT
+    assert "zombies 40, 41, 42 are orphaned to PID 1 (sleep)" in outcome.reasons[0]
+    assert {e["pid"] for e in outcome.remaining} == {40, 41, 42}
+
+
+def test_zombie_of_a_parent_that_never_reaps():
+    def make() -> SimKernel:
+        kernel = world()
+        kernel.add(SimProcess(50, 150, 1, comm="bash", cmdline="bash run.sh", reaps=False))
+        kernel.add(SimProcess(51, 151, 50, state="Z"))
+        return kernel
+
+    kernel = make()
+    _plan, outcome = reap(kernel, match=(), pids=(51,))
+    assert sent(outcome) == [("notify_parent", 50, "SIGCHLD")]
+    assert outcome.escalation == NO_ESCALATION
+    assert "reap_parents: true would end that parent" in outcome.remaining[0]["reason"]
+    assert not outcome.changed  # a signal was sent, but nothing went away
+
+    kernel = make()
+    _plan, outcome = reap(kernel, match=(), pids=(51,), reap_parents=True)
+    assert sent(outcome) == [("notify_parent", 50, "SIGCHLD"), ("end_parent", 50, "SIGTERM")]
+    assert 50 not in kernel.processes and 51 not in kernel.processes
+    assert outcome.changed and outcome.remaining == []
+
+
+def test_a_pid_recycled_before_the_signal_is_never_signalled():
+    for use_pidfd in (True, False):
+        kernel = world()
+        kernel.add(SimProcess(60, 160, 1, cmdline="python3 train.py"))
+        table = kernel.table()
+        protection = Protection(table, [], own_pid=MODULE_PID)
+        options = ReapOptions(**OPTIONS)
+        plan = plan_reap(table, JobSelector.from_options([r"train\.py"], [], True), protection, options)
+        # The job exits and is reaped; an unrelated process gets its pid before the ladder runs.
+        del kernel.processes[60]
+        kernel.add(SimProcess(60, 999, 1, comm="bash", cmdline="bash"))
+        outcome = Executor(plan, SimControl(kernel, use_pidfd=use_pidfd), protection, options, kernel.clock, kernel.sleep).run()
+        assert kernel.delivered == []
+        assert outcome.signals_sent == 0 and not outcome.changed
+        assert kernel.processes[60].state == "S"
+
+
+def test_a_pid_recycled_while_being_pinned_is_never_signalled():
+    kernel = world()
+    kernel.add(SimProcess(61, 161, 1, cmdline="python3 train.py"))
+    replacement = SimProcess(61, 777, 1, comm="bash", cmdline="bash")
+    _plan, outcome = reap(kernel, recycle_on_open={61: replacement})
+    assert [a.result for a in outcome.actions] == [RECYCLED]
+    assert kernel.delivered == []
+    assert kernel.processes[61] is replacement and replacement.state == "S"
+
+
+def test_gone_before_the_signal():
+    kernel = world()
+    kernel.add(SimProcess(62, 162, 1, cmdline="python3 train.py"))
+    table = kernel.table()
+    protection = Protection(table, [], own_pid=MODULE_PID)
+    plan = plan_reap(table, JobSelector.from_options([r"train\.py"], [], True), protection, ReapOptions(**OPTIONS))
+    control = SimControl(kernel)
+    del kernel.processes[62]
+    assert control.send(plan.steps[0].target, signal.SIGTERM) == GONE
