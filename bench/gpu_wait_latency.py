@@ -31,11 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / ".build" / "collections"), str(REPO)]
 
 # pylint: disable=wrong-import-position
-from ansible_collections.gpuops.relaunch.plugins.module_utils.gpu_wait import (  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (  # noqa: E402
     ReleaseCondition,
     wait_for_release,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils.nvml_query import (  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (  # noqa: E402
     NvidiaSmiSession,
     NvmlSession,
 )

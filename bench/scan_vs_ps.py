@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / ".build" / "collections"))
 
 # pylint: disable=wrong-import-position
-from ansible_collections.gpuops.relaunch.plugins.module_utils.assessment import AssessmentOptions, assess  # noqa: E402
-from ansible_collections.gpuops.relaunch.plugins.module_utils.procfs import ProcessTable  # noqa: E402
-from ansible_collections.gpuops.relaunch.plugins.module_utils.selection import (  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import AssessmentOptions, assess  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (  # noqa: E402
     DEFAULT_PROTECTED,
     JobSelector,
 )
