@@ -5,8 +5,8 @@
 The scan reads only what is needed: ``stat`` of every process (one read each), ``cmdline`` only of
 processes that can have one, and threads, wchan and open files only of the few processes that are
 interesting (zombies with threads, D-state, the job, possible GPU holders). Processes vanish while
-we read; that is normal and never an error. A process is identified by (pid, starttime) so that a
-recycled pid is never mistaken for the process seen earlier.
+we read; that is normal and never an error. Whether a process is still the one seen earlier is
+answered in one place, :class:`.signal_gate.Identity` (pid, starttime).
 """
 
 from __future__ import annotations
@@ -112,11 +112,6 @@ class Process:
     task_list: list[Thread] = field(default_factory=list)
 
     @property
-    def identity(self) -> tuple[int, int]:
-        """(pid, starttime): what tells a process apart from a later one that reuses its pid."""
-        return (self.pid, self.starttime)
-
-    @property
     def is_zombie(self) -> bool:
         return self.state == "Z"
 
@@ -161,18 +156,10 @@ class ProcessTable:
         for name in names:
             if not name.isdigit():
                 continue
-            process = _read_process(proc_root, int(name))
+            process = read_process(proc_root, int(name))
             if process is not None:
                 processes[process.pid] = process
         return cls(processes, proc_root)
-
-    def refresh(self, pid: int) -> Process | None:
-        """Re-read one process; None if it is gone or its pid now belongs to another process."""
-        seen = self.processes.get(pid)
-        now = _read_process(self.proc_root, pid)
-        if now is None or (seen is not None and now.starttime != seen.starttime):
-            return None
-        return now
 
     def load_threads(self, pid: int) -> list[Thread]:
         """Read (once) the threads of `pid` with their state and wchan."""
@@ -189,26 +176,6 @@ class ProcessTable:
             except OSError:
                 process.uid = None
         return process.uid
-
-    def environ_value(self, pid: int, name: str) -> str | None:
-        """The value of `name` in the environment `pid` was started with (None if absent or unreadable).
-
-        Read after the scan, so the start time is checked again afterwards: what was read belongs
-        to the process the scan saw, not to a later one that got its pid.
-        """
-        process = self.processes.get(pid)
-        raw = read_small(f"{self.proc_root}/{pid}/environ") if process is not None else None
-        if not raw:
-            return None
-        now = read_small(f"{self.proc_root}/{pid}/stat")
-        fields = parse_stat(now) if now is not None else None
-        if fields is None or fields.starttime != process.starttime:
-            return None
-        prefix = name.encode() + b"="
-        for entry in raw.split(b"\0"):
-            if entry.startswith(prefix):
-                return entry[len(prefix):].decode("utf-8", "surrogateescape")
-        return None
 
     # --- structure ---------------------------------------------------------------------------
 
@@ -287,7 +254,8 @@ class ProcfsError(Exception):
     """The /proc root cannot be read at all."""
 
 
-def _read_process(proc_root: str, pid: int) -> Process | None:
+def read_process(proc_root: str, pid: int) -> Process | None:
+    """What `pid` is now (whatever process that is), or None if there is none."""
     raw = read_small(f"{proc_root}/{pid}/stat")
     if raw is None:
         return None
@@ -313,6 +281,22 @@ def _read_process(proc_root: str, pid: int) -> Process | None:
         if cmdline:
             process.cmdline = cmdline.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     return process
+
+
+def read_environ_value(proc_root: str, pid: int, name: str) -> str | None:
+    """The value of `name` in the environment `pid` was started with (None if absent or unreadable).
+
+    Says nothing about which process that was: :meth:`.signal_gate.ProcessControl.environ_value`
+    ties the value to one identity.
+    """
+    raw = read_small(f"{proc_root}/{pid}/environ")
+    if not raw:
+        return None
+    prefix = name.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "surrogateescape")
+    return None
 
 
 def _read_threads(proc_root: str, pid: int) -> Iterator[Thread]:

@@ -1,6 +1,11 @@
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one gate every signal of this collection passes: to an exact process, never a protected one.
+"""Process identity, and the one gate every signal of this collection passes.
+
+"Is (pid, starttime) still this process?" is answered here and nowhere else (:class:`Identity`,
+:meth:`ProcessControl.current`): by reaping, the launch stop path and its records, and the GPU pid
+watch. The supervisor script (``_launch/supervisor.py``) runs alone with the standard library and
+keeps its own copy of the start-time reader.
 
 A signal goes to one (pid, starttime) identity that a scan saw. With pidfds (Linux 5.3+, Python
 3.9+) the process is pinned first and its start time checked after that, so a pid recycled at any
@@ -22,9 +27,15 @@ import errno
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable, Thread
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
+    Process,
+    ProcessTable,
+    Thread,
+    read_environ_value,
+    read_process,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID, Protection
 
 
@@ -34,7 +45,7 @@ class Identity:
 
     pid: int
     starttime: int
-    comm: str
+    comm: str = ""
 
     @classmethod
     def of(cls, process: Process) -> "Identity":
@@ -43,6 +54,15 @@ class Identity:
     @property
     def key(self) -> tuple[int, int]:
         return (self.pid, self.starttime)
+
+    def matches(self, process: Process | None) -> bool:
+        """Whether `process` (as read now) is this one and not a later one that reuses its pid."""
+        return process is not None and process.pid == self.pid and process.starttime == self.starttime
+
+
+def format_pids(pids: Iterable[int]) -> str:
+    """Pids for a message: sorted, comma separated."""
+    return ", ".join(str(pid) for pid in sorted(pids))
 
 
 SENT = "sent"
@@ -59,13 +79,26 @@ class ProcessControl:
         self.proc_root = proc_root
         has_pidfd = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
         self.use_pidfd = has_pidfd if use_pidfd is None else (use_pidfd and has_pidfd)
-        self._empty = ProcessTable({}, proc_root)
 
     # --- looking -----------------------------------------------------------------------------
 
     def look(self, pid: int) -> Process | None:
         """The process that has `pid` now, or None."""
-        return self._empty.refresh(pid)
+        return read_process(self.proc_root, pid)
+
+    def current(self, identity: Identity) -> Process | None:
+        """`identity` as it is now (a zombie included), or None once it is gone or its pid reused."""
+        process = self.look(identity.pid)
+        return process if identity.matches(process) else None
+
+    def environ_value(self, identity: Identity, name: str) -> str | None:
+        """`name` in the environment `identity` was started with; None if absent or no longer it.
+
+        The start time is checked after the read, so what was read belongs to `identity`, not to a
+        later process that got its pid.
+        """
+        value = read_environ_value(self.proc_root, identity.pid, name)
+        return value if value is not None and self.current(identity) is not None else None
 
     def threads(self, pid: int) -> list[Thread]:
         process = self.look(pid)
@@ -105,7 +138,7 @@ class ProcessControl:
         now = self.look(target.pid)
         if now is None:
             return GONE
-        if now.starttime != target.starttime:
+        if not target.matches(now):
             return RECYCLED
         try:
             deliver()

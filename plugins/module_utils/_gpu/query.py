@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -480,17 +481,6 @@ class NvidiaSmiSession:
         return text
 
 
-def find_executable(name: str, path: str | None = None) -> str | None:
-    """`name` if it is a path to an executable, else the first match on PATH."""
-    if os.sep in name:
-        return name if os.access(name, os.X_OK) else None
-    for directory in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def open_gpu_source(backend: str, nvidia_smi: str, query_timeout: float) -> GpuSource:
     """The first source that works: NVML bindings, else nvidia-smi (for backend=auto).
 
@@ -504,7 +494,7 @@ def open_gpu_source(backend: str, nvidia_smi: str, query_timeout: float) -> GpuS
         except GpuQueryError as exc:
             if backend == "pynvml" or exc.kind != NOT_INSTALLED:
                 raise
-    executable = find_executable(nvidia_smi)
+    executable = shutil.which(nvidia_smi)
     if executable is None:
         if backend == "nvidia-smi":
             raise GpuQueryError(NOT_INSTALLED, f"nvidia_smi: {nvidia_smi} not found")

@@ -36,6 +36,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     read_small,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
+    Identity,
+    ProcessControl,
+    format_pids,
+)
 
 GIB = 1024 * MIB
 # What a GPU with no process on it may still show as used (v2 "used" excludes the reservation).
@@ -72,7 +77,7 @@ def unmet_on_device(device: GpuDevice, condition: ReleaseCondition) -> list[str]
     """What still keeps `device` from counting as released (empty: released)."""
     unmet = _memory_unmet(device, condition)
     if condition.no_processes and device.processes:
-        pids = ", ".join(str(p.pid) for p in device.processes)
+        pids = format_pids(p.pid for p in device.processes)
         unmet.append(f"GPU {device.index}: compute processes still listed: {pids}")
     return unmet
 
@@ -139,17 +144,13 @@ class PidWatch:
     """
 
     def __init__(self, pids: tuple[int, ...], proc_root: str = "/proc") -> None:
-        probe = ProcessTable({}, proc_root)
-        found = {pid: probe.refresh(pid) for pid in pids}
-        self.table = ProcessTable({pid: p for pid, p in found.items() if p is not None}, proc_root)
+        self.control = ProcessControl(proc_root)
+        found = (self.control.look(pid) for pid in sorted(set(pids)))
+        self.watched = [Identity.of(process) for process in found if process is not None]
 
     def remaining(self) -> list[Process]:
-        still = []
-        for pid in sorted(self.table.processes):
-            now = self.table.refresh(pid)
-            if now is not None:
-                still.append(now)
-        return still
+        still = (self.control.current(identity) for identity in self.watched)
+        return [process for process in still if process is not None]
 
 
 @dataclass

@@ -31,7 +31,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor
     run_mark,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable, compile_patterns
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable, compile_patterns
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import DEFAULT_PROTECTED, Protection
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     REFUSED,
@@ -92,6 +92,29 @@ class JobIdentity:
     def mark(self) -> str:
         return run_mark(self.job_dir, self.run_id)
 
+    @property
+    def leader(self) -> Identity | None:
+        """The run's main process as recorded (pid 0 or no start time: none recorded)."""
+        return Identity(self.pid, self.starttime) if self.pid and self.starttime is not None else None
+
+    @property
+    def supervisor(self) -> Identity | None:
+        return _recorded(self.supervisor_pid, self.supervisor_starttime)
+
+
+def _recorded(pid: object, starttime: object) -> Identity | None:
+    """The identity a record names, or None when its fields are not a pid and a start time."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    if not isinstance(starttime, int) or isinstance(starttime, bool):
+        return None
+    return Identity(pid, starttime)
+
+
+def _carries(table: ProcessTable, process: Process, name: str) -> str | None:
+    """`name` in the environment of exactly the process the scan saw."""
+    return ProcessControl(table.proc_root).environ_value(Identity.of(process), name)
+
 
 def stop_gate(table: ProcessTable, control: ProcessControl | None = None) -> SignalGate:
     """The signal gate of the launch path for one scan; the module's own process group is spared too."""
@@ -99,31 +122,30 @@ def stop_gate(table: ProcessTable, control: ProcessControl | None = None) -> Sig
                       spare_group=os.getpgrp())
 
 
-def proven_supervisor(table: ProcessTable, pid: int | None, starttime: int | None, job_dir: str) -> bool:
-    """Whether `pid` is, right now, the live supervisor of `job_dir` started at `starttime`."""
-    process = table.processes.get(pid or 0)
+def proven_supervisor(table: ProcessTable, supervisor: Identity | None, job_dir: str) -> bool:
+    """Whether `supervisor` is, right now, the live supervisor of `job_dir`."""
+    process = table.processes.get(supervisor.pid) if supervisor is not None else None
     return (
-        process is not None
-        and process.starttime == starttime
+        supervisor is not None
+        and supervisor.matches(process)
         and not process.is_zombie
-        and table.environ_value(process.pid, SUPERVISOR_MARK) == job_dir
+        and _carries(table, process, SUPERVISOR_MARK) == job_dir
     )
 
 
 def leader_alive(identity: JobIdentity, proc_root: str = "/proc") -> bool:
     """Whether the run's main process runs: its recorded pid and start time, and the run's mark."""
-    if not identity.pid or identity.starttime is None:
+    leader = identity.leader
+    if leader is None:
         return False
-    table = _one_process(identity.pid, proc_root)
-    process = table.processes.get(identity.pid)
-    if process is None or process.starttime != identity.starttime or process.is_zombie:
-        return False
-    return table.environ_value(process.pid, RUN_MARK) == identity.mark
+    control = ProcessControl(proc_root)
+    process = control.current(leader)
+    return process is not None and not process.is_zombie and control.environ_value(leader, RUN_MARK) == identity.mark
 
 
 def _one_process(pid: int, proc_root: str) -> ProcessTable:
     """A table that holds just `pid` (empty if there is no such process)."""
-    process = ProcessTable({}, proc_root).refresh(pid)
+    process = ProcessControl(proc_root).look(pid)
     return ProcessTable({pid: process} if process is not None else {}, proc_root)
 
 
@@ -132,20 +154,17 @@ def wake_idle_supervisor(idle: dict, job_dir: str, proc_root: str = "/proc") -> 
 
     Returns the gate's word (SENT, or why not); the caller starts a new supervisor unless SENT.
     """
-    pid, starttime = idle.get("supervisor_pid"), idle.get("supervisor_starttime")
-    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(starttime, int):
-        return REFUSED
+    supervisor = _recorded(idle.get("supervisor_pid"), idle.get("supervisor_starttime"))
     table = ProcessTable.scan(proc_root)
-    if not proven_supervisor(table, pid, starttime, job_dir):
+    if supervisor is None or not proven_supervisor(table, supervisor, job_dir):
         return REFUSED
-    return stop_gate(table).send(Identity.of(table.processes[pid]), signal.SIGUSR1)
+    return stop_gate(table).send(Identity.of(table.processes[supervisor.pid]), signal.SIGUSR1)
 
 
 def supervisor_alive(pid: int | None, starttime: int | None, job_dir: str, proc_root: str = "/proc") -> bool:
     """Whether (pid, starttime) is this job's supervisor, alive, right now."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    return proven_supervisor(_one_process(pid, proc_root), pid, starttime, job_dir)
+    supervisor = _recorded(pid, starttime)
+    return supervisor is not None and proven_supervisor(_one_process(supervisor.pid, proc_root), supervisor, job_dir)
 
 
 @dataclass
@@ -170,11 +189,9 @@ class TreeView:
     @property
     def leader_running(self) -> bool:
         """The run's main process is alive and proven to be it."""
-        leader = self.table.processes.get(self.identity.pid or 0)
-        return (
-            leader is not None and leader.pid in self.members and not leader.is_zombie
-            and leader.starttime == self.identity.starttime
-        )
+        recorded = self.identity.leader
+        leader = self.table.processes.get(recorded.pid) if recorded is not None else None
+        return recorded is not None and recorded.matches(leader) and leader.pid in self.members and not leader.is_zombie
 
     def unreapable_zombies(self) -> list[int]:
         """Zombies whose parent is neither a live member nor the live supervisor: nobody of ours reaps them."""
@@ -212,7 +229,7 @@ def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
     mark = identity.mark
     return {
         pid for pid, process in table.processes.items()
-        if process.starttime >= floor and not process.is_zombie and table.environ_value(pid, RUN_MARK) == mark
+        if process.starttime >= floor and not process.is_zombie and _carries(table, process, RUN_MARK) == mark
     }
 
 
@@ -231,7 +248,7 @@ def _ignored(table: ProcessTable, identity: JobIdentity, members: set[int], supe
             continue
         mark = "this run's mark" if role == "pid" else "the mark of this job's supervisor"
         why = ("its start time differs from the record's: the pid was reused"
-               if process.starttime != starttime else f"it does not carry {mark}")
+               if not Identity(process.pid, starttime).matches(process) else f"it does not carry {mark}")
         ignored.append({"record": role, "pid": process.pid, "comm": process.comm,
                         "reason": f"not this run's process: {why}; ignored"})
     return ignored
@@ -242,8 +259,7 @@ def look(identity: JobIdentity, proc_root: str = "/proc",
     """Scan the process table and prove the run's members (`supervisor_idle`: it said so)."""
     table = ProcessTable.scan(proc_root)
     members = _marked_members(table, identity)
-    supervisor_alive = proven_supervisor(table, identity.supervisor_pid, identity.supervisor_starttime,
-                                         identity.job_dir)
+    supervisor_alive = proven_supervisor(table, identity.supervisor, identity.job_dir)
     if supervisor_alive:
         members.update(table.descendants(identity.supervisor_pid or 0))
     idle = supervisor_alive and supervisor_idle()

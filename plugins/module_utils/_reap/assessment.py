@@ -27,6 +27,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     Process,
     ProcessTable,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
+    Identity,
+    ProcessControl,
+    format_pids,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     NAMESPACE_INIT_PID,
     JobSelector,
@@ -213,7 +218,7 @@ def _watch_orphans(
 
 
 def _still_zombie(table: ProcessTable, pid: int) -> bool:
-    now = table.refresh(pid)
+    now = ProcessControl(table.proc_root).current(Identity.of(table.processes[pid]))
     return now is not None and now.is_zombie
 
 
@@ -246,22 +251,22 @@ def _decide(
         init = table.processes.get(NAMESPACE_INIT_PID)
         init_name = init.comm if init else "?"
         reasons.append(
-            f"zombies {_pids(unreaped)} are orphaned to PID 1 ({init_name}), which did not reap them within "
+            f"zombies {format_pids(unreaped)} are orphaned to PID 1 ({init_name}), which did not reap them within "
             f"{options.orphan_grace:g}s: only a restart of this container clears them"
         )
         raise_to("needs_reboot")
 
     live_job = sorted(pid for pid in job if not table.processes[pid].is_zombie)
     if live_job:
-        reasons.append(f"job processes still running: {_pids(live_job)}")
+        reasons.append(f"job processes still running: {format_pids(live_job)}")
         raise_to("reapable")
     leaders = sorted(pid for pid in blocking if table.processes[pid].live_threads)
     if leaders:
-        reasons.append(f"zombie leaders with live threads (SIGKILL ends the threads): {_pids(leaders)}")
+        reasons.append(f"zombie leaders with live threads (SIGKILL ends the threads): {format_pids(leaders)}")
         raise_to("reapable")
     plain = sorted(pid for pid in blocking if pid not in unreaped and not table.processes[pid].live_threads)
     if plain:
-        reasons.append(f"zombies waiting for their parent to reap them: {_pids(plain)}")
+        reasons.append(f"zombies waiting for their parent to reap them: {format_pids(plain)}")
         raise_to("reapable")
     # Elsewhere a D thread is usually brief I/O; it matters only where it keeps the job alive.
     concerned = job | set(blocking) | {h.pid for h in holders}
@@ -272,12 +277,10 @@ def _decide(
         raise_to("reapable")
     job_holders = sorted({h.pid for h in holders if h.pid in job or h.pid in blocking})
     if job_holders:
-        reasons.append(f"GPU devices still open by {_pids(job_holders)}")
+        reasons.append(f"GPU devices still open by {format_pids(job_holders)}")
         raise_to("reapable")
     if verdict == "clean":
         reasons.append("nothing of the job and nothing blocking a relaunch")
     result.verdict = verdict
 
 
-def _pids(pids: set[int] | list[int]) -> str:
-    return ", ".join(str(pid) for pid in sorted(pids))

@@ -50,6 +50,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     Identity,
     ProcessControl,
     SignalGate,
+    format_pids,
 )
 
 NO_ESCALATION = "none"
@@ -137,10 +138,7 @@ class Executor:
     # --- what a process is now ---------------------------------------------------------------
 
     def _now(self, identity: Identity) -> Process | None:
-        process = self.control.look(identity.pid)
-        if process is None or process.starttime != identity.starttime:
-            return None
-        return process
+        return self.control.current(identity)
 
     def _state(self, identity: Identity) -> str:
         """``gone``, ``zombie`` (exited, waiting for its parent) or ``running`` (a thread lives)."""
@@ -211,7 +209,7 @@ class Executor:
         if parent is None:
             return None
         for step in self.plan.stage(stage):
-            if step.target.key == (parent.pid, parent.starttime):
+            if step.target.matches(parent):
                 return step
         return None
 
@@ -271,7 +269,7 @@ class Executor:
             init = self.control.look(NAMESPACE_INIT_PID)
             outcome.raise_to(
                 CONTAINER_REBOOT,
-                f"zombies {_joined(o.pid for o in orphans)} are orphaned to PID 1 ({init.comm if init else '?'}) or to a "
+                f"zombies {format_pids(o.pid for o in orphans)} are orphaned to PID 1 ({init.comm if init else '?'}) or to a "
                 f"parent outside this namespace, and were not reaped within {self.options.reap_timeout:g}s: "
                 f"only a restart of the container clears them",
             )
@@ -324,7 +322,7 @@ class Executor:
         parent = self.control.look(ppid)
         parent_name = f"{ppid} ({parent.comm})" if parent is not None else str(ppid)
         why = self.protection.reason(ppid)
-        if why is None and parent is not None and (parent.pid, parent.starttime) in {i.key for i in self.plan.job}:
+        if why is None and parent is not None and Identity.of(parent).key in {i.key for i in self.plan.job}:
             why = "a job process that did not end: see its own entry"
         if why is None and self._parent_step(identity, NOTIFY_PARENT) is None:
             why = "not a parent the plan may signal"
@@ -340,10 +338,6 @@ class Executor:
         self._remaining(identity, "Z", reason)
         self.outcome.reasons.append(f"pid {identity.pid}: {reason}")
         return False
-
-
-def _joined(pids: Iterable[int]) -> str:
-    return ", ".join(str(pid) for pid in sorted(pids))
 
 
 @dataclass
@@ -438,7 +432,7 @@ def reap_job(
         table, protection, job = snapshot_for_plan(proc_root, selector, patterns)
         newcomers = sorted(
             pid for pid in job
-            if table.processes[pid].identity not in seen and not table.processes[pid].is_zombie
+            if Identity.of(table.processes[pid]).key not in seen and not table.processes[pid].is_zombie
         )
         if not newcomers:
             break
@@ -457,7 +451,7 @@ def _name_held_devices(outcome: Outcome, proc_root: str, device_glob: str) -> No
     if not left:
         return
     table = ProcessTable.scan(proc_root)
-    same = [pid for pid, starttime in left if pid in table.processes and table.processes[pid].starttime == starttime]
+    same = [pid for pid, starttime in left if Identity(pid, starttime).matches(table.processes.get(pid))]
     holders = table.device_holders(device_glob, candidates=same)
     for (pid, _starttime), entry in left.items():
         entry["devices"] = sorted({h.device for h in holders if h.pid == pid})
@@ -468,7 +462,7 @@ def _name_held_devices(outcome: Outcome, proc_root: str, device_glob: str) -> No
 def summary(result: ReapResult, check_mode: bool) -> str:
     """One line for the task output."""
     plan = result.first
-    missing = f"; pids {_joined(plan.missing_pids)} do not exist" if plan.missing_pids else ""
+    missing = f"; pids {format_pids(plan.missing_pids)} do not exist" if plan.missing_pids else ""
     if plan.is_empty:
         return f"nothing to reap: no process of the job is left{missing}"
     if check_mode or result.outcome is None:

@@ -38,7 +38,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     JobSelector,
     Protection,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, format_pids
 
 TERMINATE = "terminate"
 KILL_LEADER = "kill_leader"
@@ -153,7 +153,7 @@ def plan_reap(
         plan.protected.append({"pid": pid, "comm": table.processes[pid].comm, "reason": f"selected as the job, but {why}"})
     processes = table.processes
     plan.job = [Identity.of(processes[pid]) for pid in sorted(job)]
-    plan.exited = {processes[pid].identity for pid in job if processes[pid].is_zombie and processes[pid].threads <= 1}
+    plan.exited = {Identity.of(processes[pid]).key for pid in job if processes[pid].is_zombie and processes[pid].threads <= 1}
 
     live = sorted(pid for pid in job if not processes[pid].is_zombie)
     leaders = sorted(pid for pid in job if processes[pid].is_zombie and processes[pid].threads > 1)
@@ -261,4 +261,4 @@ def _plan_parents(plan: ReapPlan, table: ProcessTable, protection: Protection, j
 
 def _pids(pids: list[int]) -> str:
     label = "pid" if len(pids) == 1 else "pids"
-    return f"{label} {', '.join(str(pid) for pid in pids)}"
+    return f"{label} {format_pids(pids)}"

@@ -11,6 +11,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     compile_patterns,
     parse_stat,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
+    Identity,
+    ProcessControl,
+    format_pids,
+)
 from tests.harness.fakeproc import FakeProc
 
 
@@ -117,16 +122,33 @@ def test_structure_descendants_and_ancestors(tmp_path):
     assert table.ancestors(12) == [11, 10, 1]
 
 
-def test_refresh_sees_a_recycled_pid(tmp_path):
+def test_identity_sees_a_recycled_pid(tmp_path):
     proc = FakeProc(tmp_path)
     proc.add(1, "init")
     proc.add(10, "old", starttime=500)
-    table = ProcessTable.scan(str(tmp_path))
+    control = ProcessControl(str(tmp_path))
+    seen = Identity.of(ProcessTable.scan(str(tmp_path)).processes[10])
     proc.add(10, "new", starttime=900)  # same pid, a different process
-    assert table.refresh(10) is None
+    assert control.current(seen) is None and control.look(10).comm == "new"
     proc.add(10, "old", starttime=500)
-    refreshed = table.refresh(10)
-    assert refreshed is not None and refreshed.comm == "old"
+    now = control.current(seen)
+    assert now is not None and now.comm == "old"
+    assert control.current(Identity(11, 500)) is None
+
+
+def test_environ_value_belongs_to_the_identity(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(10, "job", starttime=500)
+    (tmp_path / "10" / "environ").write_bytes(b"A=1\0MARK=run:1\0")
+    control = ProcessControl(str(tmp_path))
+    assert control.environ_value(Identity(10, 500), "MARK") == "run:1"
+    assert control.environ_value(Identity(10, 500), "OTHER") is None
+    assert control.environ_value(Identity(10, 501), "MARK") is None  # the pid now names another process
+
+
+def test_format_pids_sorts():
+    assert format_pids({12, 3, 7}) == "3, 7, 12"
+    assert format_pids([]) == ""
 
 
 def test_compile_patterns_names_option_and_pattern():
