@@ -7,6 +7,8 @@ alternating so both see the same machine state:
 * scan      ProcessTable.scan(): stat of every process, cmdline where one can exist
 * snapshot  the full zombie_facts assessment: scan + job selection by regex with descendants +
             protection + GPU device holders (glob /dev/nvidia*) + zombie/D classification
+* members   one look of train_launch's stop path at its worst: every spawned process carries the
+            run's mark and started after the run, so each one's environment is read and checked
 
 and prints medians and the ratio to ps. The spawned processes are ended by their recorded process
 group and reaped by the spawner; nothing else is touched.
@@ -17,6 +19,7 @@ group and reaped by the spawner; nothing else is touched.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +36,10 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     DEFAULT_PROTECTED,
     JobSelector,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import RUN_MARK, run_mark  # noqa: E402
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, look  # noqa: E402
+
+BENCH_JOB_DIR = "/nonexistent/gpuops-bench/job"
 
 SPAWNER = r"""
 import os, signal, sys
@@ -55,9 +62,11 @@ for pid in children:
 
 
 def spawn(count: int) -> subprocess.Popen:
+    # Every child inherits the run's mark: the worst case for the stop path's membership proof.
     spawner = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-c", SPAWNER, str(count)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, **{RUN_MARK: run_mark(BENCH_JOB_DIR, "bench")}),
     )
     assert spawner.stdout is not None
     if spawner.stdout.readline().strip() != "ready":
@@ -86,6 +95,7 @@ def main() -> None:
         "ps": lambda: subprocess.run(["ps", "-eo", "pid,ppid,stat,nlwp,comm"], stdout=subprocess.DEVNULL, check=True),
         "scan": lambda: ProcessTable.scan("/proc"),
         "snapshot": lambda: assess(options),
+        "members": lambda: look(JobIdentity(job_dir=BENCH_JOB_DIR, run_id="bench", starttime=0)),
     }
 
     spawner = spawn(args.processes)
@@ -110,6 +120,9 @@ def main() -> None:
     ratio = statistics.median(timings["snapshot"]) / baseline
     verdict = "meets" if ratio <= 1.0 else "MISSES"
     print(f"full snapshot / ps = {ratio:.2f} ({verdict} the target of at most 1.0)")
+    members = statistics.median(timings["members"])
+    print(f"stop-path membership look / scan = {members / statistics.median(timings['scan']):.2f} "
+          f"(the price of reading {args.processes} environments)")
 
 
 if __name__ == "__main__":
