@@ -5,6 +5,9 @@
 ``value < 0`` lets NaN through (every comparison with NaN is false), and a deadline of NaN or
 infinity never passes: the task would hang. A poll interval of a nanosecond spins a core. So every
 timeout is finite and at most a day, and every poll interval at least 10 ms.
+
+These are the number rules of ``options.OptionChecks``: BoundsError is a BadOption, so a module
+that runs them through its checks reports each bad number with every other problem, once.
 """
 
 from __future__ import annotations
@@ -12,13 +15,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+
 MAX_TIMEOUT = 86400.0
 MIN_POLL_INTERVAL = 0.01
 MAX_POLL_INTERVAL = 3600.0
 
 
-class BoundsError(ValueError):
-    """A number out of its documented range; the message names the option."""
+class BoundsError(BadOption):
+    """A number out of its documented range; the message names the option (a ValueError too)."""
 
 
 def check_seconds(option: str, value: Any, minimum: float = 0.0, maximum: float = MAX_TIMEOUT,
@@ -30,13 +35,13 @@ def check_seconds(option: str, value: Any, minimum: float = 0.0, maximum: float 
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise BoundsError(f"{option}: {value!r} is not a number of seconds") from None
+        raise BoundsError(option, f"{value!r} is not a number of seconds") from None
     if not math.isfinite(seconds):
-        raise BoundsError(f"{option}: must be a finite number of seconds, got {value!r}")
+        raise BoundsError(option, f"must be a finite number of seconds, got {value!r}")
     low_ok = seconds >= minimum if allow_minimum else seconds > minimum
     if not low_ok or seconds > maximum:
         low = f"at least {minimum:g}" if allow_minimum else f"more than {minimum:g}"
-        raise BoundsError(f"{option}: must be {low} and at most {maximum:g} seconds, got {seconds:g}")
+        raise BoundsError(option, f"must be {low} and at most {maximum:g} seconds, got {seconds:g}")
     return seconds
 
 
