@@ -1,0 +1,43 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    """The attributes every module of the collection documents (as community.general's fragment does).
+
+    A module extends C(gpuops.relaunch.attributes) (check_mode, diff_mode) and
+    C(gpuops.relaunch.attributes.platform), and sets each attribute's C(support) and C(details) itself.
+    """
+
+    DOCUMENTATION = r"""
+options: {}
+attributes:
+  check_mode:
+    description: Can run in check mode (C(--check)) and return a prediction of C(changed) without changing the target.
+  diff_mode:
+    description: Returns details on what has changed (or would change in check mode) when run in diff mode (C(--diff)).
+"""
+
+    PLATFORM = r"""
+options: {}
+attributes:
+  platform:
+    description: The systems the module can run on (the host it runs on, which is not always the target).
+    support: N/A
+"""
+
+    # For a module that never changes anything; used with DOCUMENTATION.
+    INFO_MODULE = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details:
+      - The module changes nothing, so check mode behaves as a normal run.
+  diff_mode:
+    support: N/A
+    details:
+      - The module changes nothing.
+"""
