@@ -11,8 +11,10 @@ version_added: 0.1.0
 description:
   - Replaces C(nohup ./run.sh > train.log 2>&1 & disown) inside C(pct exec) (which either dies with
     the session or keeps it open) and C(ls train.log) as the only proof of start.
-  - With I(backend=supervisor) the module daemonizes a small per-job supervisor (double fork,
-    C(setsid), stdin from C(/dev/null), stdout and stderr to I(log_path), every other file descriptor
+  - Every problem with the options is found before anything changes and reported at once, each naming
+    its option (in RV(option_problems) too).
+  - With O(backend=supervisor) the module daemonizes a small per-job supervisor (double fork,
+    C(setsid), stdin from C(/dev/null), stdout and stderr to O(log_path), every other file descriptor
     closed), so the task returns at once and the job survives the end of the connection and a kill of
     the launcher's process group. The supervisor is the child subreaper of the job
     (C(PR_SET_CHILD_SUBREAPER)), so processes the job orphans are reaped by it and never pile up as
@@ -22,15 +24,15 @@ description:
     the state directory, and exits when the job's whole tree is gone. It runs from a private copy in
     the state directory, so it does not depend on the module's temporary files (see the notes for
     containers whose init never reaps).
-  - With I(backend=systemd) the job runs as a transient unit C(gpuops-NAME.service) started by
-    C(systemd-run --collect -p KillMode=mixed) with stdout and stderr appended to I(log_path). Its
+  - With O(backend=systemd) the job runs as a transient unit C(gpuops-NAME.service) started by
+    C(systemd-run --collect -p KillMode=mixed) with stdout and stderr appended to O(log_path). Its
     exit status is recorded by an C(ExecStopPost=) hook, because a collected unit can no longer be
     asked for it.
-  - I(state=started) is idempotent like a service. The job's spec is hashed (command, shell, env,
-    chdir, user, group). If the job runs with the same spec, backend and I(log_path) nothing changes;
+  - O(state=started) is idempotent like a service. The job's spec is hashed (command, shell, env,
+    chdir, user, group). If the job runs with the same spec, backend and O(log_path) nothing changes;
     if it runs with another spec or log path it is restarted; if it does not run it is started.
-  - I(state=restarted) always stops the job (if it runs) and starts it again.
-  - I(state=stopped) sends SIGTERM to each proven member of the run, waits up to I(stop_timeout)
+  - O(state=restarted) always stops the job (if it runs) and starts it again.
+  - O(state=stopped) sends SIGTERM to each proven member of the run, waits up to O(term_timeout)
     seconds, sends SIGKILL, and waits until the whole tree is gone, leaving no zombie of the job behind.
   - Membership is proven, never taken from the records. A process belongs to the run if its
     environment carries the run's mark (C(GPUOPS_RELAUNCH_RUN=STATE_DIR/NAME:RUN_ID), set at spawn
@@ -41,50 +43,50 @@ description:
     kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).
     A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
   - Before anything is stopped or rotated, a start checks that it can work - the program is resolved
-    as the job's user (its C(PATH), or relative to I(chdir)) and must be executable for that user,
-    no argument or I(env) value holds a NUL byte, and I(log_path) is not a symlink, FIFO or device.
-  - A start first rotates an existing log (C(train.log) becomes C(train.log.1), keeping I(keep_logs)
+    as the job's user (its C(PATH), or relative to O(chdir)) and must be executable for that user,
+    no argument or O(env) value holds a NUL byte, and O(log_path) is not a symlink, FIFO or device.
+  - A start first rotates an existing log (C(train.log) becomes C(train.log.1), keeping O(keep_logs)
     earlier logs; a log is never overwritten) - or, if that log is of a start that was never proven,
     sets it aside as C(train.log.failed) (one kept) so failed starts never push out a good run's
-    log - then removes I(remove_paths), then launches the job and
-    returns only when the proof of start holds - the job is still alive after I(min_uptime) seconds,
-    the log exists and, if I(ready_regex) is set, a log line matches it. The task fails with the exit
+    log - then removes O(remove_paths), then launches the job and
+    returns only when the proof of start holds - the job is still alive after O(min_uptime) seconds,
+    the log exists and, if O(ready_regex) is set, a log line matches it. The task fails with the exit
     code or signal and the log tail when the job ends during startup, and with the log tail when
-    I(startup_timeout) passes first. A job whose start was not proven is stopped again, so that a
+    O(startup_timeout) passes first. A job whose start was not proven is stopped again, so that a
     second run does not report a job that never proved itself as running.
   - The job does not inherit the environment of the Ansible connection. It gets C(PATH), C(HOME),
-    C(USER), C(LOGNAME), C(LANG=C.UTF-8) and what I(env) sets.
+    C(USER), C(LOGNAME), C(LANG=C.UTF-8) and what O(env) sets.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 options:
   name:
     description:
-      - The job's name. Names its state directory (I(state_dir)/NAME) and, with the systemd backend,
+      - The job's name. Names its state directory (O(state_dir)/NAME) and, with the systemd backend,
         its unit (C(gpuops-NAME.service)).
       - Letters, digits, C(.), C(_) and C(-), starting with a letter or digit, at most 64 characters.
     type: str
     required: true
   state:
     description:
-      - C(started) makes sure the job runs with this spec; C(restarted) always restarts it;
-        C(stopped) ends it.
+      - V(started) makes sure the job runs with this spec; V(restarted) always restarts it;
+        V(stopped) ends it.
     type: str
     choices: [started, restarted, stopped]
     default: started
   command:
     description:
-      - The job's argv as a list, for example C(['python3', 'train.py', '--config', 'a.yaml']).
-      - A string only together with I(shell=true), which runs it with C(/bin/sh -c).
-      - Required with I(state=started) and I(state=restarted).
+      - The job's argv as a list, for example V(['python3', 'train.py', '--config', 'a.yaml']).
+      - A string only together with O(shell=true), which runs it with C(/bin/sh -c).
+      - Required with O(state=started) and O(state=restarted).
     type: raw
   shell:
     description:
-      - Run I(command), a string, through C(/bin/sh -c). Off unless asked for explicitly.
+      - Run O(command), a string, through C(/bin/sh -c). Off unless asked for explicitly.
     type: bool
     default: false
   chdir:
     description:
-      - Absolute path of the job's working directory. Defaults to C(/).
+      - Absolute path of the job's working directory. Defaults to V(/).
     type: path
   env:
     description:
@@ -105,12 +107,12 @@ options:
       - Absolute path of the job's log (stdout and stderr). Its directory must exist and be writable
         (in check mode a missing directory is accepted, since an earlier task may create it).
       - It must be a regular file or not exist yet; a symlink, FIFO or device there is refused. It is
-        opened without following links and chowned to I(user) only if it has no other hard links.
-      - Required with I(state=started) and I(state=restarted).
+        opened without following links and chowned to O(user) only if it has no other hard links.
+      - Required with O(state=started) and O(state=restarted).
     type: path
   keep_logs:
     description:
-      - How many earlier logs to keep (C(LOG.1) is the newest). Between 1 and 1000.
+      - How many earlier logs to keep (C(LOG.1) is the newest). Between V(1) and V(1000).
     type: int
     default: 5
   state_dir:
@@ -123,9 +125,9 @@ options:
     default: /var/lib/gpuops
   backend:
     description:
-      - C(auto) picks C(systemd) where PID 1 is systemd (C(/run/systemd/system) exists and
-        C(systemd-run) is installed), and C(supervisor) everywhere else. The choice is returned.
-      - I(state=stopped) always stops the job with the backend that started it.
+      - V(auto) picks V(systemd) where PID 1 is systemd (C(/run/systemd/system) exists and
+        C(systemd-run) is installed), and V(supervisor) everywhere else. The choice is returned in RV(backend).
+      - O(state=stopped) always stops the job with the backend that started it.
     type: str
     choices: [auto, supervisor, systemd]
     default: auto
@@ -137,31 +139,35 @@ options:
   min_uptime:
     description:
       - Seconds the job must stay alive after the launch to count as started (supervisord's
-        C(startsecs)). At most I(startup_timeout); a finite number from 0 to 86400.
+        C(startsecs)). At most O(startup_timeout); a finite number from 0 to 86400.
     type: float
     default: 5
   ready_regex:
     description:
       - Regular expression (Python syntax) for a log line that means "training started", such as
-        the first step. Without it, the proof is I(min_uptime) and the log's existence.
+        the first step. Without it, the proof is O(min_uptime) and the log's existence.
     type: str
-  stop_timeout:
+  term_timeout:
     description:
       - Seconds to wait after SIGTERM before SIGKILL when stopping the job. A finite number from 0 to 86400.
-      - With the systemd backend this becomes the unit's C(TimeoutStopSec) when the job is started, and
+      - With O(backend=systemd) this becomes the unit's C(TimeoutStopSec) when the job is started, and
         that value applies when it is stopped.
+      - The collection's one name for this grace, as in
+        O(gpuops.relaunch.zombie_reap#module:term_timeout). Its earlier name O(stop_timeout) is kept
+        as an alias.
     type: float
     default: 30
+    aliases: [stop_timeout]
   remove_paths:
     description:
       - Absolute paths removed (files, links or whole directories) before each start, for example the
-        compile cache C(/tmp/torchinductor_root). C(/) and relative paths are refused.
+        compile cache V(/tmp/torchinductor_root). V(/) and relative paths are refused.
     type: list
     elements: path
     default: []
   log_tail_lines:
     description:
-      - How many of the log's last lines to return as RV(log_tail). Between 0 and 10000.
+      - How many of the log's last lines to return as RV(log_tail). Between V(0) and V(10000).
     type: int
     default: 20
 notes:
@@ -170,14 +176,24 @@ notes:
     supervisor itself as a zombie for ever, so it stays idle instead (one sleeping process per job
     name, with no child) and the next start of that job hands the new run to it.
   - A second task on the same job waits for the first (a lock in the job's state directory), at most
-    I(stop_timeout) + I(startup_timeout) + 90 seconds.
+    O(term_timeout) + O(startup_timeout) + 90 seconds.
+extends_documentation_fragment:
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.platform
 attributes:
   check_mode:
     support: full
-    description: Says what it would do (start, restart, stop, rotate the log, remove paths) and changes nothing.
+    details:
+      - Says in RV(msg) what it would do (start, restart, stop, rotate the log, remove paths) and
+        changes nothing; RV(rotated_log) and RV(removed_paths) name what would be rotated and removed.
   diff_mode:
     support: none
-    description: Reports no diff; the result says what was started, stopped, rotated and removed.
+    details:
+      - Reports no diff; the result says what was started, stopped, rotated and removed.
+  platform:
+    platforms: linux
+    details:
+      - Linux only (C(/proc), C(PR_SET_CHILD_SUBREAPER)); the target, where the job runs.
 """
 
 EXAMPLES = r"""
@@ -213,7 +229,7 @@ EXAMPLES = r"""
   gpuops.relaunch.train_launch:
     name: llm-pretrain
     state: stopped
-    stop_timeout: 60
+    term_timeout: 60
 """
 
 RETURN = r"""
@@ -253,7 +269,7 @@ log_path:
   type: str
   sample: /workspace/train.log
 log_tail:
-  description: The last I(log_tail_lines) lines of the log.
+  description: The last O(log_tail_lines) lines of the log.
   returned: always, except in check mode when something would change
   type: list
   elements: str
@@ -301,22 +317,39 @@ unit:
   type: str
   sample: gpuops-llm-pretrain.service
 ready_line:
-  description: The log line that matched I(ready_regex) (null without one).
+  description: The log line that matched O(ready_regex) (C(null) without one).
   returned: after a start
   type: str
   sample: step 1 loss=2.31
+elapsed:
+  description:
+    - Seconds the module spent on the task, from its start to its result (stopping an old run,
+      rotating, launching and proving the start included). The collection's one name for elapsed
+      seconds; M(gpuops.relaunch.zombie_reap) returns it too.
+  returned: always
+  type: float
+  sample: 5.3
 ready_after:
-  description: Seconds from the launch until the proof of start held (or until it failed).
+  description:
+    - Deprecated, kept for playbooks that read it; use RV(elapsed).
+    - Seconds from the launch until the proof of start held (or until it failed), the launch-to-proof
+      part of RV(elapsed).
   returned: after a start
   type: float
   sample: 5.1
+option_problems:
+  description: Every problem found with the options (each RV(option_problems[].option) and RV(option_problems[].reason)); nothing was changed.
+  returned: when the options were refused
+  type: list
+  elements: dict
+  sample: [{"option": "term_timeout", "reason": "must be a finite number of seconds, got nan"}]
 rotated_log:
-  description: The name the previous log got (C(LOG.1) by rotation, or C(LOG.failed) for the log of a start that was never proven; null if there was none).
+  description: The name the previous log got (C(LOG.1) by rotation, or C(LOG.failed) for the log of a start that was never proven; C(null) if there was none).
   returned: after a start, and in check mode for started/restarted
   type: str
   sample: /workspace/train.log.1
 removed_paths:
-  description: The I(remove_paths) that existed and were removed (in check mode, that would be).
+  description: The O(remove_paths) that existed and were removed (in check mode, that would be).
   returned: after a start, and in check mode for started/restarted
   type: list
   elements: str
@@ -370,7 +403,7 @@ stop:
       elements: dict
     ignored:
       description:
-        - Recorded pids (C(record) is C(pid) or C(supervisor_pid)) that name a live process which
+        - Recorded pids (RV(stop.ignored[].record=pid) or RV(stop.ignored[].record=supervisor_pid)) that name a live process which
           failed the membership proof - a reused pid, or a record restored or edited - with the
           reason. They were not signalled.
       type: list
@@ -378,7 +411,7 @@ stop:
       sample: [{"record": "pid", "pid": 4100, "comm": "sshd", "reason": "not this run's process: it does not carry this run's mark; ignored"}]
     remaining:
       description:
-        - What still ran at the deadline (only on failure), with C(protected) saying why a process
+        - What still ran at the deadline (only on failure), with RV(stop.remaining[].protected) saying why a process
           may never be signalled where that is the reason it remains.
       type: list
       elements: dict
@@ -396,7 +429,8 @@ record_problems:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import LaunchController, LaunchError
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import SpecError, options_from_params
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
 
 
 def main() -> None:
@@ -417,7 +451,7 @@ def main() -> None:
             "startup_timeout": {"type": "float", "default": 120},
             "min_uptime": {"type": "float", "default": 5},
             "ready_regex": {"type": "str"},
-            "stop_timeout": {"type": "float", "default": 30},
+            "term_timeout": {"type": "float", "default": 30, "aliases": ["stop_timeout"]},
             "remove_paths": {"type": "list", "elements": "path", "default": []},
             "log_tail_lines": {"type": "int", "default": 20},
         },
@@ -429,8 +463,8 @@ def main() -> None:
     )
     try:
         options = options_from_params(module.params, module.check_mode)
-    except SpecError as exc:
-        module.fail_json(msg=str(exc), changed=False)
+    except OptionsInvalid as exc:
+        module.fail_json(changed=False, **exc.as_result())
     try:
         result = LaunchController(options, module.check_mode).apply()
     except LaunchError as exc:

@@ -308,11 +308,21 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
     assert probe.rc == 0, probe.stdout[-3000:]
     assert probe.result("show")["job_launch_result"]["changed"] is True
     assert not (local.work / "logs").exists() and not Path(local.state_dir).exists()
-    run = local.play([start, show, stop, show_stop])
+    # The grace is job_launch_term_timeout; job_launch_stop_timeout, its earlier name, still works.
+    probes = []
+    for title, extra in (("new name", {"job_launch_term_timeout": 7}), ("old name", {})):
+        probes += [{"name": f"stop probe {title}", "ansible.builtin.include_role": {
+                       "name": "gpuops.relaunch.job_launch", "tasks_from": "stop", "apply": {"check_mode": True}},
+                    "vars": dict(role_vars, **extra)},
+                   {"name": f"show probe {title}", "ansible.builtin.debug": {"var": "job_launch_stop_result"}}]
+    run = local.play([start, show, *probes, stop, show_stop])
     assert run.rc == 0, run.stdout[-3000:]
     launched = run.result("show")["job_launch_result"]
     local.remember(launched)
     assert launched["changed"] is True and launched["ready_line"].startswith("step 1 ")
+    assert launched["elapsed"] >= launched["ready_after"] > 0  # ready_after: the deprecated launch-to-proof part
+    assert run.result("show probe new name")["job_launch_stop_result"]["msg"].endswith("SIGKILL after 7s")
+    assert run.result("show probe old name")["job_launch_stop_result"]["msg"].endswith("SIGKILL after 5s")
     stopped = run.result("show stop")["job_launch_stop_result"]
     assert stopped["changed"] is True and stopped["running"] is False
     assert launched["pid"] not in local.processes()

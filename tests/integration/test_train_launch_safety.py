@@ -232,11 +232,27 @@ def test_a_new_log_path_restarts_the_job(local: Target) -> None:
     assert f"demo_train pid {moved['pid']} " in Path(local.log("moved.log")).read_text()
 
 
-@pytest.mark.parametrize("option, value", [
-    ("stop_timeout", "{{ 'nan' | float }}"), ("startup_timeout", "{{ 'inf' | float }}"),
-    ("min_uptime", 1e12),
+@pytest.mark.parametrize("option, value, named", [
+    ("term_timeout", "{{ 'nan' | float }}", "term_timeout"),
+    ("stop_timeout", "{{ 'nan' | float }}", "term_timeout"),  # the alias is reported under the option's name
+    ("startup_timeout", "{{ 'inf' | float }}", "startup_timeout"),
+    ("min_uptime", 1e12, "min_uptime"),
 ])
-def test_numbers_that_never_end_are_refused(local: Target, option: str, value) -> None:
-    result = local.play([local.launch_task(**{option: value})], timeout=60).result("launch")
-    assert result["failed"] is True and result["msg"].startswith(f"{option}: ")
+def test_numbers_that_never_end_are_refused(local: Target, option: str, value, named: str) -> None:
+    task = local.launch_task(**{option: value})
+    if option == "term_timeout":
+        del task["gpuops.relaunch.train_launch"]["stop_timeout"]  # the harness gives the alias, which would win
+    result = local.play([task], timeout=60).result("launch")
+    assert result["failed"] is True and result["msg"].startswith(f"{named}: ")
+    assert [problem["option"] for problem in result["option_problems"]] == [named]
+    assert not Path(local.state_dir).exists()
+
+
+def test_every_bad_option_is_reported_in_one_failure(local: Target) -> None:
+    task = local.launch_task(term_timeout="{{ 'nan' | float }}", keep_logs=0, ready_regex="(")
+    del task["gpuops.relaunch.train_launch"]["stop_timeout"]
+    result = local.play([task], timeout=60).result("launch")
+    assert result["failed"] is True and result.get("changed") is False
+    assert [problem["option"] for problem in result["option_problems"]] == ["ready_regex", "term_timeout", "keep_logs"]
+    assert "ready_regex: " in result["msg"] and "term_timeout: " in result["msg"] and "keep_logs: " in result["msg"]
     assert not Path(local.state_dir).exists()

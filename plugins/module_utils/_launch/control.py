@@ -17,6 +17,7 @@ import os
 import pwd
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -103,7 +104,7 @@ class RecordedRunProbe:
 
 
 class SupervisorBackend:
-    """The job under a detached per-job supervisor that is its subreaper (see launch_supervisor)."""
+    """The job under a detached per-job supervisor that is its subreaper (see _launch/supervisor.py)."""
 
     name = "supervisor"
 
@@ -150,11 +151,11 @@ class SupervisorBackend:
         identity = self.records.identity(run)
         if identity is None:
             return StopOutcome()
-        return stop_tree(identity, options.stop_timeout, self.records.proc_root, supervisor_idle=self.is_idle(run))
+        return stop_tree(identity, options.term_timeout, self.records.proc_root, supervisor_idle=self.is_idle(run))
 
 
 class SystemdBackend:
-    """The job as a transient systemd unit (see launch_systemd)."""
+    """The job as a transient systemd unit (see _launch/systemd.py)."""
 
     name = "systemd"
 
@@ -174,7 +175,7 @@ class SystemdBackend:
             chdir=launch["chdir"],
             user=launch["user"],
             group=launch["group"],
-            stop_timeout=options.stop_timeout,
+            term_timeout=options.term_timeout,
             record_exit=[self.python, "-I", script, "record-exit", self.records.job_dir, launch["run_id"]],
             description=f"gpuops.relaunch job {options.name} (spec {launch['spec_hash'][:12]})",
         )
@@ -207,7 +208,7 @@ class SystemdBackend:
 
     def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
         unit = run.get("unit") or self.unit
-        systemd.stop_unit(unit, options.stop_timeout + KILL_WAIT + 30)
+        systemd.stop_unit(unit, options.term_timeout + KILL_WAIT + 30)
         outcome = StopOutcome(signalled=[run["pid"]] if run.get("pid") else [])
         deadline = Deadline(KILL_WAIT)
         outcome.gone = deadline.poll(lambda: not self.active(run))
@@ -280,18 +281,20 @@ class LaunchController:
         }
 
     def apply(self) -> dict[str, Any]:
+        begun = time.monotonic()
         try:
             return self._apply()
         finally:
             # Records that were not sound were ignored (never used to signal): say so.
             if self.records.problems:
                 self.result["record_problems"] = list(self.records.problems)
+            self.result["elapsed"] = round(time.monotonic() - begun, 3)
 
     def _apply(self) -> dict[str, Any]:
         if not self.check_mode:
             self.records.ensure_dir()
             # Long enough for another task to stop the job and prove a new start.
-            self.records.lock(self.options.stop_timeout + KILL_WAIT + self.options.startup_timeout + 60)
+            self.records.lock(self.options.term_timeout + KILL_WAIT + self.options.startup_timeout + 60)
         status = self.records.status()
         recorded = make_backend(status.backend or "supervisor", self.records, self.options.name, self.python)
         active = status.run is not None and recorded.active(status.run)
@@ -316,7 +319,7 @@ class LaunchController:
         result["changed"] = True
         if self.check_mode:
             result["running"] = True
-            result["msg"] = f"would stop the job (pid {run.get('pid')}) with SIGTERM, then SIGKILL after {self.options.stop_timeout:g}s"
+            result["msg"] = f"would stop the job (pid {run.get('pid')}) with SIGTERM, then SIGKILL after {self.options.term_timeout:g}s"
             return result
         outcome = self._stop(run, recorded)
         result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
@@ -347,7 +350,7 @@ class LaunchController:
             why = (f"; {len(protected)} of them may never be signalled (see stop.remaining[].protected)"
                    if protected else "")
             raise LaunchError(
-                f"the job's processes did not end after SIGTERM, {self.options.stop_timeout:g}s and "
+                f"the job's processes did not end after SIGTERM, {self.options.term_timeout:g}s and "
                 f"SIGKILL: still there: {outcome.remaining}{why}",
                 self.result,
             )
@@ -429,6 +432,7 @@ class LaunchController:
         run = probe.run or backend.run_record(run_id)
         result.update(_run_fields(run))
         result["ready_line"] = readiness.ready_line
+        # Deprecated name, kept for playbooks that read it: the launch-to-proof part of `elapsed`.
         result["ready_after"] = round(readiness.waited, 3)
         if readiness.ready:
             self.records.remove(FAILED_START_FILE)

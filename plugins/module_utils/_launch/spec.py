@@ -3,7 +3,8 @@
 """What to launch (the job spec), its hash, and the checks on user input.
 
 Every check runs before anything is changed, and every problem names the option and what is wrong
-with it, so a bad task fails with one clear message and leaves the machine as it was. That includes
+with it; all of them are gathered (``_base.options``), so a bad task fails once, listing each
+problem, and leaves the machine as it was. That includes
 what would only fail at the start itself - a program that is missing or not executable for the
 job's user, a NUL byte in an argument or a variable, a symlink or FIFO at log_path - because a
 start that cannot work must not first stop the running job and rotate its log.
@@ -21,17 +22,14 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Pattern
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import BoundsError, check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
 MAX_KEEP_LOGS = 1000
 MAX_LOG_TAIL_LINES = 10000
-
-
-class SpecError(ValueError):
-    """Bad module input: the message names the option and what was wrong."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ class LaunchOptions:
     startup_timeout: float
     min_uptime: float
     ready_regex: Pattern[str] | None
-    stop_timeout: float
+    term_timeout: float
     remove_paths: tuple[str, ...] = field(default_factory=tuple)
     log_tail_lines: int = 20
 
@@ -97,30 +95,33 @@ class LaunchOptions:
 def _command_argv(command: Any, shell: bool) -> tuple[str, ...]:
     if shell:
         if not isinstance(command, str) or not command.strip():
-            raise SpecError("command: with shell=true, command must be a non-empty string")
-        return (SHELL, "-c", command)
-    if isinstance(command, str):
-        raise SpecError(
-            "command: a string is only accepted with shell=true; give an argv list "
+            raise BadOption("command", "with shell=true, command must be a non-empty string")
+        argv: tuple[str, ...] = (SHELL, "-c", command)
+    elif isinstance(command, str):
+        raise BadOption(
+            "command", "a string is only accepted with shell=true; give an argv list "
             "(for example ['python3', 'train.py']) or set shell: true explicitly"
         )
-    if not isinstance(command, (list, tuple)) or not command:
-        raise SpecError("command: must be a non-empty list of arguments")
-    argv = tuple(str(arg) for arg in command)
-    if not argv[0]:
-        raise SpecError("command: the program (first element) must not be empty")
+    elif not isinstance(command, (list, tuple)) or not command:
+        raise BadOption("command", "must be a non-empty list of arguments")
+    else:
+        argv = tuple(str(arg) for arg in command)
+        if not argv[0]:
+            raise BadOption("command", "the program (first element) must not be empty")
+    for number, arg in enumerate(argv):
+        if "\0" in arg:
+            raise BadOption("command", f"argument {number} contains a NUL byte, which no program can receive")
     return argv
 
 
-def _no_nul(argv: tuple[str, ...], env: Mapping[str, str]) -> None:
-    for number, arg in enumerate(argv):
-        if "\0" in arg:
-            raise SpecError(f"command: argument {number} contains a NUL byte, which no program can receive")
-    for key, value in env.items():
+def _job_env(env: Mapping[Any, Any] | None) -> dict[str, str]:
+    checked = {str(k): str(v) for k, v in (env or {}).items()}
+    for key, value in checked.items():
         if not key or "=" in key or "\0" in key:
-            raise SpecError(f"env: {key!r} is not a valid variable name")
+            raise BadOption("env", f"{key!r} is not a valid variable name")
         if "\0" in value:
-            raise SpecError(f"env: the value of {key} contains a NUL byte, which no environment can hold")
+            raise BadOption("env", f"the value of {key} contains a NUL byte, which no environment can hold")
+    return checked
 
 
 def _account_ids(user: str | None, group: str | None) -> tuple[int, set[int], str]:
@@ -158,7 +159,7 @@ def _executable_by(path: str, uid: int, gids: set[int]) -> bool:
 
 
 def resolve_program(program: str, search_path: str, chdir: str | None, user: str | None, group: str | None) -> str:
-    """The file the job's first argument names, as the job's user would find it; SpecError if none.
+    """The file the job's first argument names, as the job's user would find it; BadOption if none.
 
     A name without a slash is looked up on the job's PATH (its `env` PATH, or the default), a
     relative path from `chdir` (the job's working directory; / without one).
@@ -173,7 +174,7 @@ def resolve_program(program: str, search_path: str, chdir: str | None, user: str
     for candidate in candidates:
         if _executable_by(candidate, uid, gids):
             return candidate
-    raise SpecError(f"command: {program!r} is not an executable file{where} for user {name} "
+    raise BadOption("command", f"{program!r} is not an executable file{where} for user {name} "
                     "(checked before anything was stopped or rotated)")
 
 
@@ -181,7 +182,7 @@ def _absolute(option: str, path: str | None) -> str | None:
     if path is None:
         return None
     if not os.path.isabs(path):
-        raise SpecError(f"{option}: {path!r} is not an absolute path")
+        raise BadOption(option, f"{path!r} is not an absolute path")
     return os.path.normpath(path)
 
 
@@ -190,120 +191,148 @@ def check_remove_paths(paths: list[str] | None) -> tuple[str, ...]:
     checked: list[str] = []
     for path in paths or []:
         if not isinstance(path, str) or not path:
-            raise SpecError(f"remove_paths: {path!r} is not a path")
+            raise BadOption("remove_paths", f"{path!r} is not a path")
         if not os.path.isabs(path):
-            raise SpecError(f"remove_paths: {path!r} is not an absolute path")
+            raise BadOption("remove_paths", f"{path!r} is not an absolute path")
         normal = os.path.normpath(path)
         if normal.startswith("//"):
             normal = "/" + normal.lstrip("/")
         if normal == "/":
-            raise SpecError(f"remove_paths: refusing to remove {path!r} (the root directory)")
+            raise BadOption("remove_paths", f"refusing to remove {path!r} (the root directory)")
         checked.append(normal)
     return tuple(checked)
 
 
 def _check_log_path(log_path: str, check_mode: bool) -> None:
     if os.path.islink(log_path):
-        raise SpecError(f"log_path: {log_path!r} is a symbolic link; the log must be a regular file "
+        raise BadOption("log_path", f"{log_path!r} is a symbolic link; the log must be a regular file "
                         "(links are never followed)")
     if os.path.lexists(log_path) and not os.path.isdir(log_path) and not os.path.isfile(log_path):
-        raise SpecError(f"log_path: {log_path!r} exists and is not a regular file (a FIFO, socket or device)")
+        raise BadOption("log_path", f"{log_path!r} exists and is not a regular file (a FIFO, socket or device)")
     directory = os.path.dirname(log_path)
     if not os.path.isdir(directory):
         if check_mode:
             return  # an earlier task (say, the job_launch role's) would have created it
-        raise SpecError(f"log_path: the directory {directory!r} does not exist")
+        raise BadOption("log_path", f"the directory {directory!r} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise SpecError(f"log_path: the directory {directory!r} is not writable")
+        raise BadOption("log_path", f"the directory {directory!r} is not writable")
     if os.path.isdir(log_path):
-        raise SpecError(f"log_path: {log_path!r} is a directory")
+        raise BadOption("log_path", f"{log_path!r} is a directory")
 
 
-def _check_account(user: str | None, group: str | None) -> None:
+def _check_user(user: str | None) -> None:
     if user is not None:
         try:
             pwd.getpwnam(user)
         except KeyError:
-            raise SpecError(f"user: no such user {user!r}") from None
+            raise BadOption("user", f"no such user {user!r}") from None
+
+
+def _check_group(group: str | None) -> None:
     if group is not None:
         try:
             grp.getgrnam(group)
         except KeyError:
-            raise SpecError(f"group: no such group {group!r}") from None
+            raise BadOption("group", f"no such group {group!r}") from None
+
+
+def _existing_directory(option: str, path: str | None) -> str | None:
+    directory = _absolute(option, path)
+    if directory is not None and not os.path.isdir(directory):
+        raise BadOption(option, f"the directory {directory!r} does not exist")
+    return directory
+
+
+def _job_name(name: str | None) -> str:
+    if not NAME_PATTERN.match(name or ""):
+        raise BadOption(
+            "name", f"{name!r} is not a safe job name (letters, digits, '.', '_', '-'; "
+            "first a letter or digit; at most 64 characters)"
+        )
+    return str(name)
+
+
+def _ready_regex(pattern: str | None) -> Pattern[str] | None:
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise BadOption("ready_regex", f"{pattern!r} is not a valid regular expression: {exc}") from None
+
+
+def _count(option: str, value: Any, low: int, high: int, why: str = "") -> int:
+    number = int(value)
+    if not low <= number <= high:
+        raise BadOption(option, f"must be between {low} and {high} (got {number}){why}")
+    return number
+
+
+def _job_spec(checks: OptionChecks, params: Mapping[str, Any], log_path: str | None,
+              check_mode: bool) -> JobSpec | None:
+    """The spec of a start, or None when a problem with it was noted in `checks`."""
+    state = params["state"]
+    command = params.get("command")
+    argv = None
+    if command is None:
+        checks.add("command", f"required with state={state}")
+    else:
+        argv = checks.check(_command_argv, command, bool(params.get("shell")))
+    if params.get("log_path") is None:
+        checks.add("log_path", f"required with state={state}")
+    env = checks.check(_job_env, params.get("env"))
+    chdir = checks.check(_existing_directory, "chdir", params.get("chdir"))
+    user, group = params.get("user"), params.get("group")
+    checks.check(_check_user, user)
+    checks.check(_check_group, group)
+    # The program is looked up with the options above, so only once they all passed.
+    if argv is not None and env is not None and not checks.failed("chdir", "user", "group"):
+        checks.check(resolve_program, argv[0], env.get("PATH", DEFAULT_PATH), chdir, user, group)
+    if log_path is not None:
+        checks.check(_check_log_path, log_path, check_mode)
+    if checks.failed() or argv is None or env is None:
+        return None
+    return JobSpec(argv=argv, env=tuple(sorted(env.items())), chdir=chdir, user=user, group=group)
 
 
 def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> LaunchOptions:
-    """Check the module's parameters; raise SpecError on the first problem found.
+    """Check the module's parameters; OptionsInvalid listing every problem found.
 
     In check mode a missing log directory is accepted: a task before this one may create it.
     """
-    name = params["name"]
-    if not NAME_PATTERN.match(name or ""):
-        raise SpecError(
-            f"name: {name!r} is not a safe job name (letters, digits, '.', '_', '-'; "
-            "first a letter or digit; at most 64 characters)"
-        )
+    checks = OptionChecks()
+    name = checks.check(_job_name, params["name"])
     state = params["state"]
-    state_dir = _absolute("state_dir", params["state_dir"]) or ""
-    log_path = _absolute("log_path", params.get("log_path"))
+    state_dir = checks.check(_absolute, "state_dir", params["state_dir"])
+    log_path = checks.check(_absolute, "log_path", params.get("log_path"))
     spec = None
     if state in ("started", "restarted"):
-        if params.get("command") is None:
-            raise SpecError(f"command: required with state={state}")
-        if log_path is None:
-            raise SpecError(f"log_path: required with state={state}")
-        argv = _command_argv(params["command"], bool(params.get("shell")))
-        env = {str(k): str(v) for k, v in (params.get("env") or {}).items()}
-        _no_nul(argv, env)
-        chdir = _absolute("chdir", params.get("chdir"))
-        if chdir is not None and not os.path.isdir(chdir):
-            raise SpecError(f"chdir: the directory {chdir!r} does not exist")
-        _check_account(params.get("user"), params.get("group"))
-        resolve_program(argv[0], env.get("PATH", DEFAULT_PATH), chdir, params.get("user"), params.get("group"))
-        _check_log_path(log_path, check_mode)
-        spec = JobSpec(
-            argv=argv,
-            env=tuple(sorted(env.items())),
-            chdir=chdir,
-            user=params.get("user"),
-            group=params.get("group"),
-        )
-    ready_regex = None
-    if params.get("ready_regex"):
-        try:
-            ready_regex = re.compile(params["ready_regex"])
-        except re.error as exc:
-            raise SpecError(f"ready_regex: {params['ready_regex']!r} is not a valid regular expression: {exc}") from None
-    try:
-        startup_timeout = check_timeout("startup_timeout", params["startup_timeout"])
-        min_uptime = check_timeout("min_uptime", params["min_uptime"])
-        stop_timeout = check_timeout("stop_timeout", params["stop_timeout"])
-    except BoundsError as exc:
-        raise SpecError(str(exc)) from None
-    if min_uptime > startup_timeout:
-        raise SpecError(
-            f"min_uptime: {min_uptime:g}s is longer than startup_timeout {startup_timeout:g}s, "
-            "so the start could never be proven"
-        )
-    keep_logs = int(params["keep_logs"])
-    if not 1 <= keep_logs <= MAX_KEEP_LOGS:
-        raise SpecError(f"keep_logs: must be between 1 and {MAX_KEEP_LOGS} (got {keep_logs}); "
-                        "earlier logs are never overwritten")
-    log_tail_lines = 20 if params.get("log_tail_lines") is None else int(params["log_tail_lines"])
-    if not 0 <= log_tail_lines <= MAX_LOG_TAIL_LINES:
-        raise SpecError(f"log_tail_lines: must be between 0 and {MAX_LOG_TAIL_LINES} (got {log_tail_lines})")
+        spec = _job_spec(checks, params, log_path, check_mode)
+    ready_regex = checks.check(_ready_regex, params.get("ready_regex"))
+    startup_timeout = checks.check(check_timeout, "startup_timeout", params["startup_timeout"])
+    min_uptime = checks.check(check_timeout, "min_uptime", params["min_uptime"])
+    term_timeout = checks.check(check_timeout, "term_timeout", params["term_timeout"])
+    if startup_timeout is not None and min_uptime is not None and min_uptime > startup_timeout:
+        checks.add("min_uptime", f"{min_uptime:g}s is longer than startup_timeout {startup_timeout:g}s, "
+                   "so the start could never be proven")
+    keep_logs = checks.check(_count, "keep_logs", params["keep_logs"], 1, MAX_KEEP_LOGS,
+                             "; earlier logs are never overwritten")
+    log_tail_lines = checks.check(_count, "log_tail_lines", 20 if params.get("log_tail_lines") is None
+                                  else params["log_tail_lines"], 0, MAX_LOG_TAIL_LINES)
+    remove_paths = checks.check(check_remove_paths, params.get("remove_paths"))
+    checks.raise_if_any()
     return LaunchOptions(
-        name=name,
+        name=str(name),
         state=state,
         spec=spec,
         log_path=log_path,
-        state_dir=state_dir,
+        state_dir=state_dir or "",
         backend=params["backend"],
-        keep_logs=keep_logs,
-        startup_timeout=startup_timeout,
-        min_uptime=min_uptime,
+        keep_logs=int(keep_logs or 0),
+        startup_timeout=float(startup_timeout or 0.0),
+        min_uptime=float(min_uptime or 0.0),
         ready_regex=ready_regex,
-        stop_timeout=stop_timeout,
-        remove_paths=check_remove_paths(params.get("remove_paths")),
-        log_tail_lines=log_tail_lines,
+        term_timeout=float(term_timeout or 0.0),
+        remove_paths=remove_paths or (),
+        log_tail_lines=int(log_tail_lines or 0),
     )

@@ -45,7 +45,7 @@ def systemd_run_argv(
     chdir: str | None,
     user: str | None,
     group: str | None,
-    stop_timeout: float,
+    term_timeout: float,
     record_exit: Sequence[str],
     description: str,
 ) -> list[str]:
@@ -57,7 +57,7 @@ def systemd_run_argv(
         "--quiet",
         f"--description={description}",
         "--property=KillMode=mixed",
-        f"--property=TimeoutStopSec={max(stop_timeout, 0.001):g}s",
+        f"--property=TimeoutStopSec={max(term_timeout, 0.001):g}s",
         "--property=StandardInput=null",
         f"--property=StandardOutput=append:{log_path}",
         f"--property=StandardError=append:{log_path}",

@@ -1,4 +1,4 @@
-"""launch_control: the log is created and given to the job's user only as a regular file of its own."""
+"""_launch/control.py: the log is created and given to the job's user only as a regular file of its own."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def controller(tmp_path) -> LaunchController:
         "name": "job", "state": "started", "command": ["python3", "train.py"], "shell": False,
         "chdir": None, "env": {}, "user": "nobody", "group": None, "log_path": str(tmp_path / "train.log"),
         "keep_logs": 5, "state_dir": str(tmp_path / "state"), "backend": "supervisor", "startup_timeout": 60,
-        "min_uptime": 5, "ready_regex": None, "stop_timeout": 30, "remove_paths": [], "log_tail_lines": 20,
+        "min_uptime": 5, "ready_regex": None, "term_timeout": 30, "remove_paths": [], "log_tail_lines": 20,
     }
     return LaunchController(options_from_params(params), check_mode=False)
 

@@ -1,4 +1,4 @@
-"""launch_logs: numbered rotation that never overwrites, and the log tail."""
+"""_launch/logs.py: numbered rotation that never overwrites, and the log tail."""
 
 from __future__ import annotations
 

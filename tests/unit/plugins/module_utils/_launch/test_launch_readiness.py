@@ -1,4 +1,4 @@
-"""launch_readiness: the proof of start, polled against a deadline (a fake clock keeps it exact)."""
+"""_launch/readiness.py: the proof of start, polled against a deadline (a fake clock keeps it exact)."""
 
 from __future__ import annotations
 

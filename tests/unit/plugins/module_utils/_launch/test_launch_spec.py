@@ -1,4 +1,4 @@
-"""launch_spec: the spec hash and the checks on user input."""
+"""_launch/spec.py: the spec hash and the checks on user input."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 
 import pytest
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import (
     JobSpec,
-    SpecError,
     check_remove_paths,
     options_from_params,
 )
@@ -19,7 +19,7 @@ def params(tmp_path, **overrides):
         "name": "job", "state": "started", "command": ["python3", "train.py"], "shell": False,
         "chdir": None, "env": {}, "user": None, "group": None, "log_path": str(tmp_path / "train.log"),
         "keep_logs": 5, "state_dir": str(tmp_path / "state"), "backend": "auto", "startup_timeout": 60,
-        "min_uptime": 5, "ready_regex": None, "stop_timeout": 30, "remove_paths": [], "log_tail_lines": 20,
+        "min_uptime": 5, "ready_regex": None, "term_timeout": 30, "remove_paths": [], "log_tail_lines": 20,
     }
     base.update(overrides)
     return base
@@ -78,8 +78,8 @@ def test_job_environment_is_clean_plus_env(tmp_path) -> None:
         ({"name": ""}, "name:"),
         ({"env": {"A=B": "1"}}, "env:"),
         ({"min_uptime": 10, "startup_timeout": 5}, "min_uptime:"),
-        ({"stop_timeout": -1}, "stop_timeout: must be at least 0"),
-        ({"stop_timeout": float("nan")}, "stop_timeout: must be a finite number"),
+        ({"term_timeout": -1}, "term_timeout: must be at least 0"),
+        ({"term_timeout": float("nan")}, "term_timeout: must be a finite number"),
         ({"startup_timeout": float("inf")}, "startup_timeout: must be a finite number"),
         ({"startup_timeout": 1e12}, "startup_timeout: must be at least 0 and at most 86400"),
         ({"min_uptime": float("nan")}, "min_uptime: must be a finite number"),
@@ -95,7 +95,7 @@ def test_job_environment_is_clean_plus_env(tmp_path) -> None:
     ],
 )
 def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:
-    with pytest.raises(SpecError) as caught:
+    with pytest.raises(OptionsInvalid) as caught:
         options_from_params(params(tmp_path, **overrides))
     assert message in str(caught.value)
 
@@ -103,7 +103,7 @@ def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:
 def test_check_mode_accepts_a_log_directory_an_earlier_task_would_create(tmp_path) -> None:
     later = params(tmp_path, log_path=str(tmp_path / "logs" / "train.log"))
     assert options_from_params(later, check_mode=True).log_path == str(tmp_path / "logs" / "train.log")
-    with pytest.raises(SpecError, match="does not exist"):
+    with pytest.raises(OptionsInvalid, match="does not exist"):
         options_from_params(later)
 
 
@@ -113,7 +113,7 @@ def test_the_program_is_resolved_as_the_jobs_user(tmp_path) -> None:
     script.chmod(0o700)  # root may run it; nobody may not
     tmp_path.chmod(0o755)
     assert options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path))).spec.argv[0] == "./train.sh"
-    with pytest.raises(SpecError, match="command: './train.sh' is not an executable file in .* for user nobody"):
+    with pytest.raises(OptionsInvalid, match="command: './train.sh' is not an executable file in .* for user nobody"):
         options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path), user="nobody"))
     script.chmod(0o755)
     assert options_from_params(params(tmp_path, command=[str(script)], user="nobody")).spec.user == "nobody"
@@ -127,13 +127,13 @@ def test_a_symlink_or_fifo_at_log_path_is_refused(tmp_path, kind) -> None:
         log.symlink_to(tmp_path / "secret")
     else:
         os.mkfifo(log)
-    with pytest.raises(SpecError, match="^log_path: .*(symbolic link|not a regular file)"):
+    with pytest.raises(OptionsInvalid, match="^log_path: .*(symbolic link|not a regular file)"):
         options_from_params(params(tmp_path))
 
 
 def test_log_path_that_is_a_directory(tmp_path) -> None:
     (tmp_path / "train.log").mkdir()
-    with pytest.raises(SpecError, match="is a directory"):
+    with pytest.raises(OptionsInvalid, match="is a directory"):
         options_from_params(params(tmp_path))
 
 
@@ -144,9 +144,37 @@ def test_stopped_needs_no_command(tmp_path) -> None:
 
 @pytest.mark.parametrize("path", ["/", "//", "/tmp/..", "/./", "relative", "", "./x"])
 def test_remove_paths_refuses_root_and_relative(path) -> None:
-    with pytest.raises(SpecError, match="remove_paths:"):
+    with pytest.raises(BadOption, match="remove_paths:"):
         check_remove_paths([path])
 
 
 def test_remove_paths_are_normalised() -> None:
     assert check_remove_paths(["/tmp/torchinductor_root/", "/tmp/a/../b"]) == ("/tmp/torchinductor_root", "/tmp/b")
+
+
+def test_every_problem_is_reported_at_once_naming_each_option(tmp_path) -> None:
+    bad = params(tmp_path, name="a/b", ready_regex="(", term_timeout=float("nan"), keep_logs=0,
+                 env={"A": "x\0y"}, user="no-such-user-gpuops")
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(bad)
+    assert caught.value.options == ["name", "env", "user", "ready_regex", "term_timeout", "keep_logs"]
+    assert len(caught.value.problems) == 6
+
+
+def test_the_program_is_looked_up_only_with_the_options_it_needs_sound(tmp_path) -> None:
+    # Looking up a program for a user that does not exist would only repeat that problem.
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(params(tmp_path, command=["no-such-program-gpuops"], user="no-such-user-gpuops"))
+    assert caught.value.options == ["user"]
+
+
+def test_an_internal_error_is_not_reported_as_a_bad_option(tmp_path, monkeypatch) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import spec
+
+    def broken(*_args):
+        raise ValueError("a bug, not the user's value")
+
+    monkeypatch.setattr(spec, "resolve_program", broken)
+    with pytest.raises(ValueError, match="a bug") as caught:
+        options_from_params(params(tmp_path))
+    assert not isinstance(caught.value, BadOption)

@@ -1,4 +1,4 @@
-"""launch_systemd: the transient unit the module asks systemd for (properties checked offline)."""
+"""_launch/systemd.py: the transient unit the module asks systemd for (properties checked offline)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def build(**overrides):
         "chdir": "/w",
         "user": None,
         "group": None,
-        "stop_timeout": 30,
+        "term_timeout": 30,
         "record_exit": ["/usr/bin/python3", "/var/lib/gpuops/llm/supervisor.py", "record-exit",
                         "/var/lib/gpuops/llm", "abc"],
         "description": "gpuops.relaunch job llm",
