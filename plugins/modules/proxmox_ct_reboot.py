@@ -21,12 +21,16 @@ description:
     C(WARNINGS: N) are success; any other exit status fails the module at once with PVE's message
     and the state the container is left in."
   - A container that is stopped is started.
+  - Every problem with the options is found before any request and reported at once, each naming its
+    option (in RV(option_problems) too).
   - Requests that change something are never repeated blindly. When the answer to one is lost, the
     module reads the task list first, so a retry cannot reboot the container twice.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.proxmox
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.platform
 options:
   vmid:
     description:
@@ -39,7 +43,7 @@ options:
     type: str
   expected_hostname:
     description:
-      - The hostname the container must have in its PVE configuration (C(hostname)), compared without
+      - The hostname the container must have in its PVE configuration (its C(hostname) key), compared without
         regard to case. When it differs the module fails and changes nothing.
       - This is the guard against rebooting the wrong container through a wrong O(vmid). It is required
         unless O(skip_hostname_check=true); the roles of this collection pass the inventory hostname.
@@ -57,9 +61,9 @@ options:
     default: false
   method:
     description:
-      - C(reboot) uses PVE's reboot (C(POST .../status/reboot) with O(timeout)); PVE stops the
+      - V(reboot) uses PVE's reboot (C(POST .../status/reboot) with O(timeout)); PVE stops the
         container, forcing it after O(timeout) seconds, and starts it again in one task.
-      - C(stop_start) shuts the container down (C(POST .../status/shutdown) with O(timeout), and
+      - V(stop_start) shuts the container down (C(POST .../status/shutdown) with O(timeout), and
         C(forceStop) when O(force=true)), then starts it. Without O(force) a container that does not
         shut down within O(timeout) is left running and the module fails.
     type: str
@@ -68,7 +72,7 @@ options:
   timeout:
     description:
       - Seconds PVE gives the container to shut down cleanly (passed to PVE as C(timeout)).
-      - Between 0 and 86400 (a day).
+      - Between V(0) and V(86400) (a day).
     type: int
     default: 60
   force:
@@ -94,21 +98,29 @@ options:
     default: 60
   skiplock:
     description:
-      - Ignore a config lock (PVE's C(skiplock)). Only C(root@pam) logging in with a password may,
+      - Ignore a config lock (PVE's C(skiplock)). Only O(api_user=root@pam) logging in with a password may,
         and only with O(method=stop_start), because PVE's shutdown and reboot cannot skip a lock; the
         container is then stopped hard instead of shut down.
     type: bool
     default: false
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
-      - Reads the container's node, hostname, status and lock and the cluster's quorum, and reports
-        the actions it would take in RV(actions); sends no request that changes anything.
+      - Makes the same checks as a real run (the options, the node, the hostname guard, quorum where
+        a stop is planned) and fails where a real run would fail before acting; then reports the
+        current RV(status) and in RV(actions) the power actions it would take, with C(changed=true).
+      - Sends no power action and does not wait for a lock (a lock is reported as a warning). With
+        O(api_password) its only POST is the login for a ticket, which changes nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
+    details:
+      - Returns no diff; RV(status_before), RV(actions) and RV(status) say what changed.
+  platform:
+    platforms: posix
+    details:
+      - Runs on the host that reaches the API, usually the controller (C(delegate_to=localhost)), not
+        inside the container it reboots.
 notes:
   - The module talks to the API from wherever it runs. Run it on the controller (delegate the task
     to C(localhost)), which needs C(proxmoxer) and C(requests).
@@ -204,8 +216,12 @@ tasks:
         - C(null) for a task still running at the deadline.
       type: str
       sample: OK
-    duration:
+    elapsed:
       description: Seconds from the request to the end of the task, as seen by the module.
+      type: float
+      sample: 4.21
+    duration:
+      description: Deprecated, kept for playbooks that read it; the same as RV(tasks[].elapsed).
       type: float
       sample: 4.21
 status:
@@ -218,11 +234,27 @@ uptime:
   returned: success
   type: int
   sample: 1
-waited_s:
-  description: Seconds the module spent in all, including waiting for a lock.
+elapsed:
+  description:
+    - Seconds the module spent on the task, from its start to its result, including waiting for a
+      lock. The collection's one name for elapsed seconds (M(gpuops.relaunch.train_launch) and
+      M(gpuops.relaunch.zombie_reap) return it too).
   returned: success
   type: float
   sample: 5.3
+waited_s:
+  description:
+    - Deprecated, kept for playbooks that read it; use RV(elapsed).
+    - The same as RV(elapsed), except that it is C(0) in check mode.
+  returned: success
+  type: float
+  sample: 5.3
+option_problems:
+  description: Every problem found with the options (each RV(option_problems[].option) and RV(option_problems[].reason)); no request was sent.
+  returned: when the options were refused
+  type: list
+  elements: dict
+  sample: [{"option": "wait_timeout", "reason": "must be a finite number of seconds, got nan"}]
 lock_waited_s:
   description: Seconds spent waiting for a config lock to clear.
   returned: success
@@ -232,6 +264,7 @@ lock_waited_s:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import (
     HAS_PROXMOXER,
     PROXMOX_CONNECTION_REQUIRED_ONE_OF,
@@ -285,9 +318,13 @@ def main() -> None:
         skiplock=params["skiplock"],
         skip_hostname_check=params["skip_hostname_check"],
     )
-    problems = connection.problems() + request.problems(connection.user, connection.uses_token)
-    if problems:
-        module.fail_json(msg="; ".join(problems), tasks=[])
+    checks = OptionChecks()
+    connection.check_options(checks)
+    request.check_options(checks, connection.user, connection.uses_token)
+    try:
+        checks.raise_if_any()
+    except OptionsInvalid as exc:
+        module.fail_json(tasks=[], **exc.as_result())
 
     rebooter: CtRebooter | None = None
     try:

@@ -88,6 +88,9 @@ def test_reboot_with_token_clears_a_zombie_nothing_inside_could_clear(lab):
     assert result["method"] == "reboot" and result["status"] == "running"
     assert [(t["type"], t["exitstatus"]) for t in result["tasks"]] == [("vzreboot", "OK")]
     assert result["tasks"][0]["upid"].startswith("UPID:pve1:")
+    # elapsed is the collection's name; waited_s and tasks[].duration stay as deprecated copies.
+    assert result["elapsed"] == result["waited_s"] and result["elapsed"] >= result["tasks"][0]["elapsed"]
+    assert result["tasks"][0]["duration"] == result["tasks"][0]["elapsed"]
     assert_restarted(lab, old_init, zombie)
     assert lab.server.requests("POST", "/access/ticket") == []  # a token needs no login
     assert secret not in str(result)
@@ -188,8 +191,10 @@ def test_bad_options_fail_clearly_before_any_request(lab):
     result = reboot(lab.module_args(vmid=200, expected_hostname=HOSTNAME, skiplock=True, timeout=400))
 
     assert result["failed"]
-    assert "skiplock=true needs method=stop_start" in result["msg"]
-    assert "wait_timeout (300.0) must be greater than timeout (400)" in result["msg"]
+    assert "skiplock: true needs method=stop_start" in result["msg"]
+    assert "wait_timeout: (300.0) must be greater than timeout (400)" in result["msg"]
+    # Every problem at once, each naming its option, also as data.
+    assert [p["option"] for p in result["option_problems"]] == ["wait_timeout", "skiplock"]
     assert lab.server.requests() == []
 
 
@@ -232,7 +237,7 @@ def test_missing_expected_hostname_is_refused_without_any_request(lab):
         result = reboot(lab.module_args(vmid=200), check=check)
 
         assert result["failed"]
-        assert "expected_hostname is required" in result["msg"] and "skip_hostname_check=true" in result["msg"]
+        assert "expected_hostname: required" in result["msg"] and "skip_hostname_check=true" in result["msg"]
     assert lab.server.requests() == []
     assert lab.container.init_id == old_init
 
@@ -292,7 +297,7 @@ def test_a_secret_with_a_trailing_newline_is_refused_and_never_shown(lab, tmp_pa
 
         assert run.rc != 0
         assert secret not in output, output
-        assert f"{option} contains a control character" in output, output
+        assert f"{option}: contains a control character" in output, output
         assert "Traceback" not in output
     assert lab.server.requests() == []
     assert lab.container.init_id == old_init
@@ -309,7 +314,7 @@ def test_a_newline_in_the_token_secret_from_the_environment_is_never_shown(lab):
 
     assert run.rc != 0
     assert secret not in run.stdout + run.stderr
-    assert "api_token_secret contains a control character" in run.stdout
+    assert "api_token_secret: contains a control character" in run.stdout
     assert lab.server.requests() == []
 
 

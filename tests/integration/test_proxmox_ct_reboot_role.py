@@ -133,6 +133,6 @@ def test_reset_with_a_newline_in_the_password_fails_without_showing_it(lab, tmp_
 
     assert run.rc != 0
     assert lab.password not in run.stdout + run.stderr
-    assert "api_password contains a control character" in run.stdout
+    assert "api_password: contains a control character" in run.stdout
     assert lab.server.requests() == []
     assert lab.container.init_id == old_init

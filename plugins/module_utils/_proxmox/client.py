@@ -27,7 +27,8 @@ from urllib.parse import quote, quote_plus
 
 from ansible.module_utils.basic import env_fallback
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import BoundsError, check_seconds
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_seconds
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import backoff, pause
 
 PROXMOXER_IMPORT_ERROR: str | None
@@ -145,31 +146,27 @@ class ProxmoxConnection:
             timeout=DEFAULT_API_TIMEOUT if params.get("api_timeout") is None else params["api_timeout"],
         )
 
-    def problems(self) -> list[str]:
-        """What is wrong with the connection options, each naming the option; empty when fine.
+    def check_options(self, checks: OptionChecks) -> None:
+        """Note in `checks` what is wrong with the connection options, each problem naming its option.
 
-        No message shows the value of a secret, and none shows a value with a control character.
+        No problem shows the value of a secret, and none shows a value with a control character.
         """
-        out = []
         # These go into a request line or header (the user and token as "PVEAPIToken=user!id=secret"),
         # where http.client refuses a control character with an error that quotes the whole header.
         for option, value in (("api_host", self.host), ("api_user", self.user), ("api_password", self.password),
                               ("api_token_id", self.token_id), ("api_token_secret", self.token_secret)):
             if value and _has_control_character(value):
-                out.append(
-                    f"{option} contains a control character (a newline, carriage return, tab or the like), which"
+                checks.add(
+                    option,
+                    "contains a control character (a newline, carriage return, tab or the like), which"
                     " no valid value has; the value is not shown. A YAML block scalar (|) ends with a newline:"
-                    " use |- or a quoted string"
+                    " use |- or a quoted string",
                 )
         if self.port is not None and not 0 < self.port < 65536:
-            out.append(f"api_port must be a TCP port (1-65535), got {self.port}")
-        try:
-            check_seconds("api_timeout", self.timeout, allow_minimum=False)
-        except BoundsError as exc:
-            out.append(str(exc))
+            checks.add("api_port", f"must be a TCP port (1-65535), got {self.port}")
+        checks.check(check_seconds, "api_timeout", self.timeout, allow_minimum=False)
         if self.ca_path and not os.path.isfile(self.ca_path):
-            out.append(f"ca_path {self.ca_path} is not a file (give the PEM file of the cluster's CA)")
-        return out
+            checks.add("ca_path", f"{self.ca_path} is not a file (give the PEM file of the cluster's CA)")
 
     def redact(self, text: str) -> str:
         """`text` with every form of the password and the token secret masked.

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import BoundsError, check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import (
     ProxmoxApiError,
@@ -38,9 +39,9 @@ SHUTDOWN_GRACE_S = 15.0
 # PVE reports uptime in whole seconds.
 UPTIME_SLACK_S = 1.0
 MISSING_HOSTNAME = (
-    "expected_hostname is required: it is the guard against rebooting the wrong container through a"
-    " wrong vmid; give the hostname of the container's PVE configuration, or set skip_hostname_check=true"
-    " to reboot without that check"
+    "required: it is the guard against rebooting the wrong container through a wrong vmid; give the"
+    " hostname of the container's PVE configuration, or set skip_hostname_check=true to reboot without"
+    " that check"
 )
 
 
@@ -63,37 +64,29 @@ class CtRebootRequest:
     skiplock: bool = False
     skip_hostname_check: bool = False
 
-    def problems(self, api_user: str, uses_token: bool) -> list[str]:
-        """What is wrong with the request, each naming the option; empty when it is fine."""
-        out = []
+    def check_options(self, checks: OptionChecks, api_user: str, uses_token: bool) -> None:
+        """Note in `checks` what is wrong with the request, each problem naming its option."""
         if self.vmid < 100:
-            out.append(f"vmid must be 100 or more (PVE's guest ids start there), got {self.vmid}")
+            checks.add("vmid", f"must be 100 or more (PVE's guest ids start there), got {self.vmid}")
         if self.method not in METHODS:
-            out.append(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        bounded = []
-        for option in ("timeout", "wait_timeout", "lock_timeout"):
-            try:
-                check_timeout(option, getattr(self, option))
-                bounded.append(option)
-            except BoundsError as exc:
-                out.append(str(exc))
-        if {"timeout", "wait_timeout"} <= set(bounded) and self.wait_timeout <= self.timeout:
-            out.append(
-                f"wait_timeout ({self.wait_timeout}) must be greater than timeout ({self.timeout}):"
-                " the container needs time to start after its shutdown timeout"
-            )
+            checks.add("method", f"must be one of {', '.join(METHODS)}, got {self.method!r}")
+        timeout = checks.check(check_timeout, "timeout", self.timeout)
+        wait_timeout = checks.check(check_timeout, "wait_timeout", self.wait_timeout)
+        checks.check(check_timeout, "lock_timeout", self.lock_timeout)
+        if timeout is not None and wait_timeout is not None and wait_timeout <= timeout:
+            checks.add("wait_timeout", f"({self.wait_timeout}) must be greater than timeout ({self.timeout}):"
+                       " the container needs time to start after its shutdown timeout")
         if self.skiplock:
             if self.method != "stop_start":
-                out.append("skiplock=true needs method=stop_start: PVE's reboot and shutdown cannot skip a lock")
+                checks.add("skiplock", "true needs method=stop_start: PVE's reboot and shutdown cannot skip a lock")
             if api_user != "root@pam" or uses_token:
-                out.append("skiplock=true is only allowed to root@pam logging in with a password (PVE's rule)")
+                checks.add("skiplock", "true is only allowed to root@pam logging in with a password (PVE's rule)")
         if self.expected_hostname is not None and not self.expected_hostname.strip():
-            out.append("expected_hostname must not be empty when given")
+            checks.add("expected_hostname", "must not be empty when given")
         if self.expected_hostname is None and not self.skip_hostname_check:
-            out.append(MISSING_HOSTNAME)
+            checks.add("expected_hostname", MISSING_HOSTNAME)
         if self.expected_hostname is not None and self.skip_hostname_check:
-            out.append("expected_hostname and skip_hostname_check=true contradict each other: give one of them")
-        return out
+            checks.add("skip_hostname_check", "true contradicts expected_hostname: give one of them")
 
 
 @dataclass(frozen=True)
@@ -160,6 +153,7 @@ class CtRebootResult:
     uptime: int
     waited_s: float
     lock_waited_s: float = 0.0
+    elapsed: float = 0.0
     tasks: list[TaskOutcome] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -174,6 +168,8 @@ class CtRebootResult:
             "changed": self.changed,
             "status": self.status,
             "uptime": self.uptime,
+            "elapsed": round(self.elapsed, 3),
+            # Deprecated name of `elapsed` (0 in check mode), kept for playbooks that read it.
             "waited_s": round(self.waited_s, 3),
             "lock_waited_s": round(self.lock_waited_s, 3),
             "tasks": [task.as_dict() for task in self.tasks],
@@ -227,7 +223,7 @@ def check_hostname(request: CtRebootRequest, node: str, state: CtState) -> None:
     if expected is None:
         if request.skip_hostname_check:
             return
-        raise CtRebootRefused(f"{MISSING_HOSTNAME}; nothing was changed")
+        raise CtRebootRefused(f"expected_hostname: {MISSING_HOSTNAME}; nothing was changed")
     if (state.hostname or "").strip().lower() != expected.strip().lower():
         raise CtRebootRefused(
             f"refusing to touch CT {request.vmid} on node {node}: its configured hostname is"
@@ -290,6 +286,7 @@ class CtRebooter:
         if check_mode:
             if before.lock and not request.skiplock:
                 result.warnings.append(f"CT {request.vmid} is locked ({before.lock}); a real run waits up to lock_timeout")
+            result.elapsed = time.monotonic() - begun
             return result
         if not request.skiplock:
             lock_began = time.monotonic()
@@ -312,7 +309,7 @@ class CtRebooter:
         result.status = after.status
         result.uptime = after.uptime
         result.hostname = after.hostname or result.hostname
-        result.waited_s = time.monotonic() - begun
+        result.waited_s = result.elapsed = time.monotonic() - begun
         result.warnings.extend(
             f"task {task.type} {task.upid} ended with {task.exitstatus}" for task in self.tasks if task.exitstatus != "OK"
         )

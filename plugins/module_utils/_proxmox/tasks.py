@@ -94,7 +94,10 @@ class TaskOutcome:
         return task_succeeded(self.exitstatus)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"upid": self.upid, "type": self.type, "exitstatus": self.exitstatus, "duration": round(self.duration, 3)}
+        seconds = round(self.duration, 3)
+        # `duration` is the deprecated name of `elapsed`, kept for playbooks that read it.
+        return {"upid": self.upid, "type": self.type, "exitstatus": self.exitstatus, "elapsed": seconds,
+                "duration": seconds}
 
 
 class TaskFailed(ProxmoxError):

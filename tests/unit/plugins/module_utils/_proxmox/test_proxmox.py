@@ -19,10 +19,17 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client im
     RetryPolicy,
     proxmox_connection_spec,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks
 from tests.harness.fakepve_lxc import FakePveServer, expire_tickets, make_pki
 
 FAST = RetryPolicy(attempts=3, first_delay=0.01, factor=2, max_delay=0.05)
 REBOOT = "nodes/pve1/lxc/200/status/reboot"
+
+
+def connection_problems(connection: ProxmoxConnection) -> list[str]:
+    checks = OptionChecks()
+    connection.check_options(checks)
+    return [str(problem) for problem in checks.problems]
 
 
 @pytest.fixture
@@ -66,9 +73,9 @@ def test_connection_repr_keeps_secrets_out():
 
 def test_connection_problems_name_the_option(tmp_path):
     conn = ProxmoxConnection(host="pve", user="root@pam", port=70000, timeout=0, ca_path=str(tmp_path / "none.pem"))
-    problems = " / ".join(conn.problems())
+    problems = " / ".join(connection_problems(conn))
     assert "api_port" in problems and "api_timeout" in problems and "ca_path" in problems
-    assert ProxmoxConnection(host="pve", user="root@pam").problems() == []
+    assert connection_problems(ProxmoxConnection(host="pve", user="root@pam")) == []
 
 
 @pytest.mark.parametrize("timeout, words", [
@@ -79,14 +86,14 @@ def test_connection_problems_name_the_option(tmp_path):
     (float("inf"), "api_timeout: must be a finite number of seconds, got inf"),
 ])
 def test_api_timeout_is_finite_and_bounded(timeout, words):
-    assert ProxmoxConnection(host="pve", user="root@pam", timeout=timeout).problems() == [words]
+    assert connection_problems(ProxmoxConnection(host="pve", user="root@pam", timeout=timeout)) == [words]
 
 
 def test_api_timeout_zero_is_reported_not_replaced_by_the_default():
     params = {"api_host": "pve", "api_user": "root@pam", "api_timeout": 0}
     assert ProxmoxConnection.from_params(params).timeout == 0
     assert ProxmoxConnection.from_params(dict(params, api_timeout=None)).timeout == 10
-    assert ProxmoxConnection.from_params(dict(params, api_timeout=3)).problems() == []
+    assert connection_problems(ProxmoxConnection.from_params(dict(params, api_timeout=3))) == []
 
 
 SECRET = "3f9c2d1e-0b7a-4c55-9e21-6d8f0a1b2c3d"
@@ -101,14 +108,14 @@ CONTROL = ["\n", "\r\n", "\t", "\x00", "\x7f", "\x85", "\x1b[0m"]
 def test_control_characters_are_refused_naming_the_option_never_the_value(option, field, control):
     fields = dict(host="pve", user="root@pam", token_id="relaunch", token_secret="t0ken-secret")
     fields[field] = SECRET + control
-    problems = ProxmoxConnection(**fields).problems()
-    assert len(problems) == 1 and problems[0].startswith(f"{option} contains a control character")
+    problems = connection_problems(ProxmoxConnection(**fields))
+    assert len(problems) == 1 and problems[0].startswith(f"{option}: contains a control character")
     assert SECRET not in problems[0] and SECRET[:8] not in problems[0]
 
 
 def test_a_good_secret_with_inner_spaces_and_punctuation_is_accepted():
     conn = ProxmoxConnection(host="pve", user="ops@pve", password="correct horse: battery staple!")
-    assert conn.problems() == []
+    assert connection_problems(conn) == []
 
 
 def test_redact_masks_every_form_of_the_secrets():
@@ -279,7 +286,7 @@ def test_bad_parameter_names_the_field(server):
 
 @pytest.mark.parametrize("field", ["token_secret", "user"])
 def test_a_header_the_http_library_refuses_is_an_error_without_the_secret(server, field):
-    # What problems() refuses up front, had it got through: http.client quotes the whole header.
+    # What check_options() refuses up front, had it got through: http.client quotes the whole header.
     secret = server.add_token("root@pam", "relaunch")
     fields = dict(password=None, token_id="relaunch", token_secret=secret)
     fields[field] = fields.get(field, "root@pam") + "\n"
