@@ -338,11 +338,18 @@ ready_after:
   type: float
   sample: 5.1
 option_problems:
-  description: Every problem found with the options (each RV(option_problems[].option) and RV(option_problems[].reason)); nothing was changed.
+  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was changed.
   returned: when the options were refused
   type: list
   elements: dict
   sample: [{"option": "term_timeout", "reason": "must be a finite number of seconds, got nan"}]
+  contains:
+    option:
+      description: The option's name.
+      type: str
+    reason:
+      description: What is wrong with the value given (never the value of a secret).
+      type: str
 rotated_log:
   description: The name the previous log got (C(LOG.1) by rotation, or C(LOG.failed) for the log of a start that was never proven; C(null) if there was none).
   returned: after a start, and in check mode for started/restarted
@@ -403,7 +410,7 @@ stop:
       elements: dict
     ignored:
       description:
-        - Recorded pids (RV(stop.ignored[].record=pid) or RV(stop.ignored[].record=supervisor_pid)) that name a live process which
+        - Recorded pids (C(record) is C(pid) or C(supervisor_pid)) that name a live process which
           failed the membership proof - a reused pid, or a record restored or edited - with the
           reason. They were not signalled.
       type: list
@@ -411,7 +418,7 @@ stop:
       sample: [{"record": "pid", "pid": 4100, "comm": "sshd", "reason": "not this run's process: it does not carry this run's mark; ignored"}]
     remaining:
       description:
-        - What still ran at the deadline (only on failure), with RV(stop.remaining[].protected) saying why a process
+        - What still ran at the deadline (only on failure), with C(protected) saying why a process
           may never be signalled where that is the reason it remains.
       type: list
       elements: dict

@@ -311,8 +311,8 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
     # The grace is job_launch_term_timeout; job_launch_stop_timeout, its earlier name, still works.
     probes = []
     for title, extra in (("new name", {"job_launch_term_timeout": 7}), ("old name", {})):
-        probes += [{"name": f"stop probe {title}", "ansible.builtin.include_role": {
-                       "name": "gpuops.relaunch.job_launch", "tasks_from": "stop", "apply": {"check_mode": True}},
+        stop_in_check_mode = {"name": "gpuops.relaunch.job_launch", "tasks_from": "stop", "apply": {"check_mode": True}}
+        probes += [{"name": f"stop probe {title}", "ansible.builtin.include_role": stop_in_check_mode,
                     "vars": dict(role_vars, **extra)},
                    {"name": f"show probe {title}", "ansible.builtin.debug": {"var": "job_launch_stop_result"}}]
     run = local.play([start, show, *probes, stop, show_stop])
