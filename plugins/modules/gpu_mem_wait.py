@@ -19,8 +19,9 @@ description:
   - On timeout the task fails and lists the C(holders). NVML reports pids of the host's PID namespace;
     where such a pid is visible here, its state comes from the process table (a zombie, a zombie
     leader whose threads still run, a thread in uninterruptible sleep with its wait channel).
-    Inside a container the pids are not visible (C(visible=false)). A C(verdict) says what would free
-    the memory, in particular whether only a container restart helps (C(needs_reboot)).
+    Inside a container the pids are not visible (C(visible=false)). RV(escalation) says what would
+    free the memory, in the words M(gpuops.relaunch.zombie_facts) and M(gpuops.relaunch.zombie_reap)
+    use too, in particular whether only a container restart helps (C(container_reboot)).
   - A missing driver, a missing library, a library/driver version mismatch, a lost GPU and a GPU
     that requires a reset each fail with a message saying so. With I(gpus_required=false), a host
     without any NVIDIA GPU is not an error.
@@ -214,7 +215,10 @@ holders:
     - On timeout, every process still listed on a selected GPU. C(visible) false means its pid does
       not exist here (a host pid seen from a container, or a process whose teardown is stuck).
     - C(kind) is C(running), C(zombie), C(zombie_leader), C(uninterruptible) or C(invisible);
-      C(description) says it in words.
+      C(escalation) what would free it; C(description) says it in words. C(starttime) is given for
+      a visible holder; C(host_pids_visible) for an invisible one (true when this is the host's PID
+      namespace, so the listed process is gone and only the host helps; false in a container, where
+      a restart of the container may help).
   returned: always
   type: list
   elements: dict
@@ -224,7 +228,9 @@ holders:
       uuid: GPU-5c3b1b8e-1d2f-4a7b-9e0c-2b1d1f3a4c5d
       used_mib: 40960.0
       visible: true
+      starttime: 991283
       kind: zombie
+      escalation: container_reboot
       state: Z
       comm: python3
       threads: 1
@@ -232,25 +238,48 @@ holders:
       uninterruptible: []
       parent: {pid: 51200, comm: sleep, is_namespace_init: true}
       description: pid 51234 (python3) is a zombie orphaned to its namespace's init ...
-verdict:
+escalation:
   description:
-    - C(released); C(held) (signals, reaping or more time can free it); C(needs_reboot) (only a restart
-      of the container clears it, e.g. a zombie holder its init never reaps); C(needs_host_action)
-      (a holder thread sleeps in the GPU driver, or the driver lists a pid that no longer exists).
+    - What it takes to free what is still held, in the collection's one vocabulary, least force
+      first (see the README's verdict table).
+    - C(none) (released); C(signals) (signals, reaping or more time can free it); C(container_reboot)
+      (only a restart of the container clears it, e.g. a zombie holder its init never reaps);
+      C(host_action) (a holder thread sleeps in the GPU driver, or the driver lists a pid that no
+      longer exists).
   returned: always
   type: str
+  choices: [none, signals, container_reboot, host_action]
+  sample: container_reboot
+verdict:
+  description:
+    - Deprecated, use RV(escalation); kept with the words of earlier releases.
+    - C(released) (escalation C(none)), C(held) (C(signals)), C(needs_reboot) (C(container_reboot)) or
+      C(needs_host_action) (C(host_action)).
+  returned: always
+  type: str
+  choices: [released, held, needs_reboot, needs_host_action]
   sample: needs_reboot
 needs_reboot:
-  description: Whether the verdict is C(needs_reboot).
+  description: Whether RV(escalation) is C(container_reboot).
   returned: always
   type: bool
   sample: false
 reasons:
-  description: Why the verdict is what it is, one sentence per holder or unmet condition.
+  description: Why RV(escalation) is what it is, one sentence per holder or unmet condition; the C(why) of each of RV(findings).
   returned: always
   type: list
   elements: str
   sample: ["released"]
+findings:
+  description:
+    - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
+    - C(kind) is a holder's kind (see RV(holders)), C(unlisted_memory) (memory used with no process
+      listed), C(pids_present), C(host_memory), C(gpu_condition) or C(released); C(escalation) what
+      clears it; C(pids) the processes concerned.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{kind: zombie, escalation: container_reboot, pids: [51234], why: "pid 51234 (python3) is a zombie orphaned ..."}]
 error_kind:
   description:
     - Why a GPU query failed, when it did; C(not_installed), C(library_not_found), C(driver_not_loaded),
@@ -380,7 +409,7 @@ def _finite_within(value: float | None, minimum: float, maximum: float = math.in
 def _timeout_message(result: dict, timeout: float) -> str:
     """What is still unmet, then why (the reasons that do not merely repeat it)."""
     why = [reason for reason in result["reasons"] if reason not in result["unmet"]]
-    text = f"not released after {timeout:g}s ({result['verdict']}): {'; '.join(result['unmet'])}"
+    text = f"not released after {timeout:g}s (escalation {result['escalation']}): {'; '.join(result['unmet'])}"
     return f"{text}. {'; '.join(why)}" if why else text
 
 

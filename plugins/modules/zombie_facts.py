@@ -12,12 +12,13 @@ description:
   - Reads the process table once (C(/proc)) and reports zombies, zombie leaders whose other threads
     still run (state C(Zl)), threads in uninterruptible sleep (C(D)) with their wait channel, the
     processes of the job, and the processes or threads holding GPU device files open.
-  - Gives a verdict derived only from those facts. C(clean) means nothing of the job and nothing
-    that blocks a relaunch; C(reapable) means signals and reaping clear everything found;
-    C(needs_reboot) means zombies are orphaned to PID 1 of this namespace and PID 1 did not reap
-    them within I(orphan_grace) seconds, so only a restart of the container clears them;
-    C(needs_host_action) means a thread sleeps uninterruptibly in the GPU driver, which no signal
-    and possibly no container restart clears.
+  - Says what it takes to clear what was found, derived only from those facts, in the words
+    M(gpuops.relaunch.zombie_reap) and M(gpuops.relaunch.gpu_mem_wait) use too (RV(ansible_facts.zombie_facts.escalation)).
+    C(none) means nothing of the job and nothing that blocks a relaunch; C(signals) means signals
+    and reaping clear everything found; C(container_reboot) means zombies are orphaned to PID 1 of
+    this namespace and PID 1 did not reap them within I(orphan_grace) seconds, so only a restart of
+    the container clears them; C(host_action) means a thread sleeps uninterruptibly in the GPU
+    driver, which no signal and possibly no container restart clears.
   - Whether PID 1 reaps cannot be seen in one snapshot. When zombies are orphaned to PID 1, the
     module watches them for up to I(orphan_grace) seconds and reports what it saw.
   - Never changes anything.
@@ -77,7 +78,7 @@ EXAMPLES = r"""
 
 - name: Stop here when only the host can help
   ansible.builtin.assert:
-    that: ansible_facts.zombie_facts.verdict != 'needs_host_action'
+    that: ansible_facts.zombie_facts.escalation != 'host_action'
     fail_msg: "{{ ansible_facts.zombie_facts.reasons | join('; ') }}"
 """
 
@@ -88,19 +89,40 @@ ansible_facts:
   type: dict
   contains:
     zombie_facts:
-      description: The snapshot and its verdict.
+      description: The snapshot and what it takes to clear what it found.
       returned: always
       type: dict
       contains:
-        verdict:
-          description: One of C(clean), C(reapable), C(needs_reboot), C(needs_host_action).
+        escalation:
+          description:
+            - What it takes to clear what was found, in the collection's one vocabulary, least force
+              first (see the README's verdict table).
           type: str
+          choices: [none, signals, container_reboot, host_action]
+          sample: signals
+        verdict:
+          description:
+            - Deprecated, use RV(ansible_facts.zombie_facts.escalation); kept with the words of earlier
+              releases.
+            - C(clean) (escalation C(none)), C(reapable) (C(signals)), C(needs_reboot) (C(container_reboot))
+              or C(needs_host_action) (C(host_action)).
+          type: str
+          choices: [clean, reapable, needs_reboot, needs_host_action]
           sample: reapable
         reasons:
-          description: Why the verdict is what it is, each naming the pids concerned.
+          description: Why the escalation is what it is, each naming the pids concerned; the C(why) of each finding.
           type: list
           elements: str
           sample: ["job processes still running: 4121, 4122"]
+        findings:
+          description:
+            - The reasons with structured fields to decide on (never decide on the wording of C(why)).
+            - C(kind) is one of C(driver_sleep), C(unreaped_orphans), C(job_running), C(zombie_leaders),
+              C(zombies), C(uninterruptible), C(gpu_devices_open) or C(nothing); C(escalation) what
+              clears it; C(pids) the processes concerned.
+          type: list
+          elements: dict
+          sample: [{kind: job_running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]
         zombies:
           description:
             - Every zombie in the namespace. C(kind) is C(zombie_leader) when threads other than the

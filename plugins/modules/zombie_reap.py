@@ -29,12 +29,13 @@ description:
   - "Step 5: only with I(reap_parents=true), a parent that still has not reaped is ended
     (I(term_signal), I(term_timeout), SIGKILL) so that its zombies go to the subreaper or PID 1; then
     another wait of up to I(reap_timeout)."
-  - "Step 6: what is left is reported in RV(remaining) with RV(reasons) naming the pids, and
-    RV(escalation) says what would clear it: C(container_reboot) for zombies orphaned to a PID 1
+  - "Step 6: what is left is reported in RV(remaining) with RV(reasons) and RV(findings) naming the
+    pids, and RV(escalation) says what would clear it, in the words M(gpuops.relaunch.zombie_facts)
+    and M(gpuops.relaunch.gpu_mem_wait) use too: C(container_reboot) for zombies orphaned to a PID 1
     that does not reap (only a restart of the container clears them), C(host_action) for threads
     still in C(D) after I(d_state_timeout) (with their wait channel) or a process that survives
-    SIGKILL. A zombie whose live parent may not be ended holds only its pid and is reported without
-    escalation."
+    SIGKILL. A zombie whose live parent may not be ended holds only its pid and is reported with
+    escalation C(none)."
   - "A selection that names more than a job is refused before anything is signalled, unless
     I(allow_broad=true): a I(match) pattern that matches the empty string or the command line of
     this module's process or of its ancestors (and so every python process, every other connection,
@@ -223,24 +224,43 @@ ended:
   sample: [{pid: 4121, starttime: 991200, comm: python3, was: running, now: gone}]
 remaining:
   description:
-    - What the ladder could not clear, with C(state) (C(D), C(running) or C(Z)) and a C(reason). Entries
-      for processes still running name the GPU device files they hold in C(devices).
+    - What the ladder could not clear, with C(state) (C(D), C(running) or C(Z)), C(kind)
+      (C(uninterruptible), C(permission_denied), C(survived_kill), C(not_signalled), C(unreaped_orphan)
+      or C(unreaped_zombie)), the C(escalation) that would clear it and a C(reason). Entries for
+      processes still running name the GPU device files they hold in C(devices).
   returned: always
   type: list
   elements: dict
-  sample: [{pid: 4150, starttime: 991290, comm: python3, state: D, devices: [/dev/nvidia0],
+  sample: [{pid: 4150, starttime: 991290, comm: python3, state: D, kind: uninterruptible, escalation: host_action,
+            devices: [/dev/nvidia0],
             reason: "pid 4150 thread 4152 (python3) is still in uninterruptible sleep (wchan uvm_va_space_destroy) ..."}]
 escalation:
-  description: C(none), C(container_reboot) (only a restart of the container clears what is left) or C(host_action) (not even that may help).
+  description:
+    - What it takes to clear what is left, in the collection's one vocabulary, least force first
+      (see the README's verdict table).
+    - C(none) (nothing left that needs more), C(container_reboot) (only a restart of the container
+      clears what is left) or C(host_action) (not even that may help). C(signals) is a word of the
+      same vocabulary that this module does not return (it has just sent them).
   returned: always
   type: str
+  choices: [none, signals, container_reboot, host_action]
   sample: container_reboot
 reasons:
-  description: Why RV(escalation) is what it is, and what is left, each naming pids.
+  description: Why RV(escalation) is what it is, and what is left, each naming pids; the C(why) of each of RV(findings).
   returned: always
   type: list
   elements: str
   sample: ["zombies 7, 9 are orphaned to PID 1 (sleep) ..., and were not reaped within 5s: only a restart of the container clears them"]
+findings:
+  description:
+    - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
+    - C(kind) is one of C(uninterruptible), C(permission_denied), C(survived_kill), C(not_signalled),
+      C(unreaped_orphans), C(unreaped_zombie) or C(holds_device); C(escalation) what clears it;
+      C(pids) the processes concerned.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{kind: unreaped_orphans, escalation: container_reboot, pids: [7, 9], why: "zombies 7, 9 are orphaned to PID 1 ..."}]
 elapsed:
   description: Seconds the module spent planning and walking the ladder.
   returned: always
@@ -257,8 +277,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     refuse_broad_selection,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
-    NO_ESCALATION,
     check_own_namespace,
     reap_job,
     summary,
@@ -316,7 +336,7 @@ def main() -> None:
     report["msg"] = summary(result, module.check_mode)
     if module.check_mode:
         report["changed"] = bool(result.first.steps)
-    if params["fail_on_escalation"] and report["escalation"] != NO_ESCALATION:
+    if params["fail_on_escalation"] and result.outcome is not None and result.outcome.escalation != Escalation.NONE:
         module.fail_json(**report)
     module.exit_json(**report)
 

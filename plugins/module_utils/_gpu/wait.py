@@ -10,8 +10,10 @@ back above a floor (large pinned host memory takes tens of seconds to come back 
 At the deadline every process still on a GPU is described with the process model
 (:class:`~.procfs.ProcessTable`): a zombie, a zombie leader whose threads still run, a thread in
 uninterruptible sleep and its wait channel -- or not visible at all, because NVML reports pids of
-the host's PID namespace and a container does not see those. From that follows a verdict saying
-what would help: signals and reaping, only a container restart, or only the host.
+the host's PID namespace and a container does not see those. From that follows, holder by holder
+and from those fields alone, what would help, in the collection's one vocabulary (:mod:`.verdict`):
+signals and reaping, only a container restart, or only the host. The words of earlier releases
+(released, held, needs_reboot, needs_host_action) are still returned as ``verdict`` (deprecated).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_poll_interval, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
@@ -36,6 +38,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     read_small,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Finding, Judged, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     Identity,
     ProcessControl,
@@ -49,11 +52,13 @@ DEFAULT_BASELINE_MIB = 256.0
 INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
 _DRIVER_WCHAN = re.compile(DEFAULT_DRIVER_WCHAN)
 
-RELEASED = "released"
-HELD = "held"
-NEEDS_REBOOT = "needs_reboot"
-NEEDS_HOST_ACTION = "needs_host_action"
-_VERDICT_ORDER = (RELEASED, HELD, NEEDS_REBOOT, NEEDS_HOST_ACTION)
+# The deprecated `verdict` words of gpu_mem_wait, one per escalation (a name, not a ranking).
+LEGACY_VERDICT = {
+    Escalation.NONE: "released",
+    Escalation.SIGNALS: "held",
+    Escalation.CONTAINER_REBOOT: "needs_reboot",
+    Escalation.HOST_ACTION: "needs_host_action",
+}
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,7 @@ class PidWatch:
 
 
 @dataclass
-class WaitOutcome:
+class WaitOutcome(Judged):
     """What a wait saw at its start and at its end, and why it ended."""
 
     released: bool = False
@@ -167,8 +172,8 @@ class WaitOutcome:
     host_available_before: int | None = None
     host_available_after: int | None = None
     holders: list[dict[str, Any]] = field(default_factory=list)
-    verdict: str = RELEASED
-    reasons: list[str] = field(default_factory=list)
+    judgement: Verdict = field(default_factory=Verdict)
+    legacy_words: ClassVar[dict[Escalation, str]] = LEGACY_VERDICT
 
     @property
     def released_mib(self) -> float:
@@ -205,9 +210,9 @@ class WaitOutcome:
             "host_available_gib_before": _gib(self.host_available_before),
             "host_available_gib_after": _gib(self.host_available_after),
             "holders": self.holders,
+            **self.judgement.as_dict(),
             "verdict": self.verdict,
-            "needs_reboot": self.verdict == NEEDS_REBOOT,
-            "reasons": self.reasons,
+            "needs_reboot": self.escalation == Escalation.CONTAINER_REBOOT,
         }
 
 
@@ -252,15 +257,9 @@ def wait_for_release(
             devices = source.query(indices)
         outcome.polls += 1
         outcome.after = devices
+        waiting = _waiting_on_host(watch, condition, proc_root)
         unmet = [reason for device in devices for reason in unmet_on_device(device, condition)]
-        remaining = watch.remaining()
-        if remaining:
-            unmet.append("pids still present: " + ", ".join(f"{p.pid} ({p.comm}, state {p.state})" for p in remaining))
-        available = host_available_bytes(proc_root) if condition.min_host_available_gib is not None else None
-        if available is not None and available < condition.min_host_available_gib * GIB:
-            unmet.append(
-                f"host MemAvailable {available / GIB:.1f} GiB, less than {condition.min_host_available_gib:g} GiB"
-            )
+        unmet.extend(finding.why for finding in waiting)
         outcome.unmet = unmet
         # The poll that began at the deadline was the last look; polls keep a fixed cadence.
         if not unmet or polled_at >= deadline.at:
@@ -271,12 +270,31 @@ def wait_for_release(
     outcome.host_available_after = host_available_bytes(proc_root)
     outcome.pids_remaining = [{"pid": p.pid, "comm": p.comm, "state": p.state} for p in watch.remaining()]
     if outcome.released:
-        outcome.reasons = ["released"]
+        outcome.judgement.add("released", Escalation.NONE, "released")
         return outcome
     table = ProcessTable.scan(proc_root)
     outcome.holders = describe_holders(outcome.after, table, sees_host_pids(proc_root))
-    outcome.verdict, outcome.reasons = judge(outcome.after, outcome.holders, condition, outcome.unmet)
+    outcome.judgement = judge(outcome.after, outcome.holders, condition, waiting)
     return outcome
+
+
+def _waiting_on_host(watch: PidWatch, condition: ReleaseCondition, proc_root: str) -> list[Finding]:
+    """The conditions that are not about a GPU and still unmet: pids still there, host memory."""
+    waiting = []
+    remaining = watch.remaining()
+    if remaining:
+        waiting.append(Finding(
+            "pids_present", Escalation.SIGNALS,
+            "pids still present: " + ", ".join(f"{p.pid} ({p.comm}, state {p.state})" for p in remaining),
+            tuple(p.pid for p in remaining),
+        ))
+    available = host_available_bytes(proc_root) if condition.min_host_available_gib is not None else None
+    if available is not None and available < condition.min_host_available_gib * GIB:
+        waiting.append(Finding(
+            "host_memory", Escalation.SIGNALS,
+            f"host MemAvailable {available / GIB:.1f} GiB, less than {condition.min_host_available_gib:g} GiB",
+        ))
+    return waiting
 
 
 def describe_holders(devices: list[GpuDevice], table: ProcessTable, host_pids_visible: bool) -> list[dict[str, Any]]:
@@ -292,7 +310,13 @@ def describe_holders(devices: list[GpuDevice], table: ProcessTable, host_pids_vi
             }
             process = table.processes.get(gpu_process.pid) if host_pids_visible else None
             if process is None:
-                entry.update(visible=False, kind="invisible", description=_invisible(gpu_process.pid, host_pids_visible))
+                # Listed but not in this table. Seen from the host's own namespace the process is
+                # gone and only the host (GPU reset, reboot) clears it; from a container it may be
+                # this container's own, stuck in teardown, which a restart of the container clears.
+                entry.update(visible=False, kind="invisible", host_pids_visible=host_pids_visible,
+                             description=_invisible(gpu_process.pid, host_pids_visible),
+                             escalation=(Escalation.HOST_ACTION if host_pids_visible
+                                         else Escalation.CONTAINER_REBOOT).value)
             else:
                 entry.update(_process_state(table, process))
             holders.append(entry)
@@ -315,6 +339,7 @@ def _process_state(table: ProcessTable, process: Process) -> dict[str, Any]:
     parent_is_init = process.ppid == NAMESPACE_INIT_PID or _is_namespace_init(table.proc_root, process.ppid)
     entry: dict[str, Any] = {
         "visible": True,
+        "starttime": process.starttime,
         "state": process.state,
         "comm": process.comm,
         "threads": process.threads,
@@ -324,10 +349,13 @@ def _process_state(table: ProcessTable, process: Process) -> dict[str, Any]:
         "parent": {"pid": process.ppid, "comm": parent.comm if parent else "", "is_namespace_init": parent_is_init},
     }
     name = f"pid {process.pid} ({process.comm})"
+    entry["escalation"] = Escalation.SIGNALS.value
     if blocked:
         where = ", ".join(f"thread {t.tid} in {t.wchan or '?'}" for t in blocked)
         entry["kind"] = "uninterruptible"
         entry["description"] = f"{name} is in uninterruptible sleep ({where}): a kill takes effect only when it wakes"
+        if any(t["in_gpu_driver"] for t in entry["uninterruptible"]):
+            entry["escalation"] = Escalation.HOST_ACTION.value
     elif process.is_zombie and live:
         entry["kind"] = "zombie_leader"
         tids = ", ".join(str(t.tid) for t in live)
@@ -336,6 +364,7 @@ def _process_state(table: ProcessTable, process: Process) -> dict[str, Any]:
     elif process.is_zombie:
         entry["kind"] = "zombie"
         if parent_is_init:
+            entry["escalation"] = Escalation.CONTAINER_REBOOT.value
             entry["description"] = (f"{name} is a zombie orphaned to its namespace's init (pid {process.ppid}, "
                                     f"{entry['parent']['comm'] or '?'}), which has not reaped it: its GPU memory is "
                                     f"not released until it is reaped, and only a restart of that container does that")
@@ -364,41 +393,22 @@ def judge(
     devices: list[GpuDevice],
     holders: list[dict[str, Any]],
     condition: ReleaseCondition,
-    unmet: list[str],
-) -> tuple[str, list[str]]:
-    """The least force that would free what is still held, and why."""
-    verdict = RELEASED
-    reasons: list[str] = []
-
-    def raise_to(level: str) -> None:
-        nonlocal verdict
-        if _VERDICT_ORDER.index(level) > _VERDICT_ORDER.index(verdict):
-            verdict = level
-
+    waiting: list[Finding],
+) -> Verdict:
+    """The least force that would free what is still held, and why: each holder's own escalation,
+    memory no process accounts for, and the conditions `waiting` on the host."""
+    found = Verdict()
     for holder in holders:
-        kind = holder["kind"]
-        reasons.append(holder["description"])
-        if kind == "uninterruptible":
-            in_driver = any(t["in_gpu_driver"] for t in holder["uninterruptible"])
-            raise_to(NEEDS_HOST_ACTION if in_driver else HELD)
-        elif kind == "zombie" and holder["parent"]["is_namespace_init"]:
-            raise_to(NEEDS_REBOOT)
-        elif kind == "invisible":
-            # Listed but gone from the host's own table: only the host (GPU reset, reboot) clears it.
-            raise_to(NEEDS_REBOOT if "container" in holder["description"] else NEEDS_HOST_ACTION)
-        else:
-            raise_to(HELD)
+        found.add(holder["kind"], Escalation(holder["escalation"]), holder["description"], [holder["pid"]])
     listed = {d.index for d in devices if d.processes}
     for device in devices:
         if _memory_unmet(device, condition) and device.index not in listed:
-            reasons.append(f"GPU {device.index}: {device.used_mib:g} MiB used with no process listed: the driver "
-                           f"is still tearing down a context, or it is stuck doing so (then only the host can help)")
-            raise_to(HELD)
-    other = [u for u in unmet if not u.startswith("GPU ")]
-    if other:
-        reasons.extend(other)
-        raise_to(HELD)
-    if verdict == RELEASED and unmet:
-        reasons.extend(unmet)
-        raise_to(HELD)
-    return verdict, reasons
+            found.add("unlisted_memory", Escalation.SIGNALS,
+                      f"GPU {device.index}: {device.used_mib:g} MiB used with no process listed: the driver "
+                      f"is still tearing down a context, or it is stuck doing so (then only the host can help)")
+    found.findings.extend(waiting)
+    if not found.findings:
+        for device in devices:
+            for reason in unmet_on_device(device, condition):
+                found.add("gpu_condition", Escalation.SIGNALS, reason)
+    return found

@@ -3,14 +3,18 @@
 """What the last run left behind, and what it takes to clear it.
 
 Facts first (zombies and their parents, threads in D with their wchan, the job's processes, GPU
-device holders), then a verdict derived only from those facts:
+device holders), then findings derived only from those facts, each with its escalation (the
+collection's one vocabulary, :mod:`.verdict`):
 
-* ``needs_host_action``: a thread sleeps uninterruptibly in a GPU driver path; no signal reaches
-  it and a container reboot may not clear it either.
-* ``needs_reboot``: something only a container restart clears: orphaned zombies that PID 1 of this
-  namespace did not reap within ``orphan_grace`` seconds (it was watched, not guessed).
-* ``reapable``: everything found can be cleared by signals and reaping.
-* ``clean``: nothing of the job and nothing that blocks a relaunch.
+* ``host_action``: a thread sleeps uninterruptibly in a GPU driver path; no signal reaches it and a
+  container reboot may not clear it either.
+* ``container_reboot``: something only a container restart clears: orphaned zombies that PID 1 of
+  this namespace did not reap within ``orphan_grace`` seconds (it was watched, not guessed).
+* ``signals``: signals and reaping clear it.
+* ``none``: nothing of the job and nothing that blocks a relaunch.
+
+The words of earlier releases (clean, reapable, needs_reboot, needs_host_action) are still
+returned as ``verdict`` (deprecated).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Pattern
+from typing import Any, Callable, ClassVar, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import poll_until
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
@@ -27,6 +31,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     Process,
     ProcessTable,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Judged, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     Identity,
     ProcessControl,
@@ -38,8 +43,13 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     Protection,
 )
 
-# wchan prefixes of the NVIDIA kernel modules (nvidia.ko's nv_*/os_*, nvidia-uvm's uvm_*).
-VERDICTS = ("clean", "reapable", "needs_reboot", "needs_host_action")
+# The deprecated `verdict` words of zombie_facts, one per escalation (a name, not a ranking).
+LEGACY_VERDICT = {
+    Escalation.NONE: "clean",
+    Escalation.SIGNALS: "reapable",
+    Escalation.CONTAINER_REBOOT: "needs_reboot",
+    Escalation.HOST_ACTION: "needs_host_action",
+}
 ORPHAN_POLL_INTERVAL = 0.1
 
 
@@ -54,16 +64,16 @@ class AssessmentOptions:
 
 
 @dataclass
-class Assessment:
+class Assessment(Judged):
     zombies: list[dict[str, Any]] = field(default_factory=list)
     uninterruptible: list[dict[str, Any]] = field(default_factory=list)
     job_processes: list[dict[str, Any]] = field(default_factory=list)
     protected: list[dict[str, Any]] = field(default_factory=list)
     gpu_holders: list[dict[str, Any]] = field(default_factory=list)
-    verdict: str = "clean"
-    reasons: list[str] = field(default_factory=list)
+    judgement: Verdict = field(default_factory=Verdict)
     missing_pids: list[int] = field(default_factory=list)
     process_count: int = 0
+    legacy_words: ClassVar[dict[Escalation, str]] = LEGACY_VERDICT
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,8 +82,8 @@ class Assessment:
             "job_processes": self.job_processes,
             "protected": self.protected,
             "gpu_holders": self.gpu_holders,
+            **self.judgement.as_dict(),
             "verdict": self.verdict,
-            "reasons": self.reasons,
             "missing_pids": self.missing_pids,
             "process_count": self.process_count,
         }
@@ -231,56 +241,46 @@ def _decide(
     holders: list[DeviceHolder],
     options: AssessmentOptions,
 ) -> None:
-    reasons = result.reasons
-    verdict = "clean"
-
-    def raise_to(level: str) -> None:
-        nonlocal verdict
-        if VERDICTS.index(level) > VERDICTS.index(verdict):
-            verdict = level
-
+    found = result.judgement
     stuck_in_driver = [u for u in result.uninterruptible if options.driver_wchan.search(u["wchan"] or "")]
     for item in stuck_in_driver:
-        reasons.append(
+        found.add(
+            "driver_sleep", Escalation.HOST_ACTION,
             f"pid {item['pid']} thread {item['tid']} ({item['comm']}) is in uninterruptible sleep in the "
-            f"GPU driver (wchan {item['wchan']}): no signal reaches it, the host must act"
+            f"GPU driver (wchan {item['wchan']}): no signal reaches it, the host must act",
+            [item["pid"]],
         )
-        raise_to("needs_host_action")
 
     if unreaped:
         init = table.processes.get(NAMESPACE_INIT_PID)
         init_name = init.comm if init else "?"
-        reasons.append(
+        found.add(
+            "unreaped_orphans", Escalation.CONTAINER_REBOOT,
             f"zombies {format_pids(unreaped)} are orphaned to PID 1 ({init_name}), which did not reap them within "
-            f"{options.orphan_grace:g}s: only a restart of this container clears them"
+            f"{options.orphan_grace:g}s: only a restart of this container clears them",
+            unreaped,
         )
-        raise_to("needs_reboot")
 
     live_job = sorted(pid for pid in job if not table.processes[pid].is_zombie)
     if live_job:
-        reasons.append(f"job processes still running: {format_pids(live_job)}")
-        raise_to("reapable")
+        found.add("job_running", Escalation.SIGNALS, f"job processes still running: {format_pids(live_job)}", live_job)
     leaders = sorted(pid for pid in blocking if table.processes[pid].live_threads)
     if leaders:
-        reasons.append(f"zombie leaders with live threads (SIGKILL ends the threads): {format_pids(leaders)}")
-        raise_to("reapable")
+        found.add("zombie_leaders", Escalation.SIGNALS,
+                  f"zombie leaders with live threads (SIGKILL ends the threads): {format_pids(leaders)}", leaders)
     plain = sorted(pid for pid in blocking if pid not in unreaped and not table.processes[pid].live_threads)
     if plain:
-        reasons.append(f"zombies waiting for their parent to reap them: {format_pids(plain)}")
-        raise_to("reapable")
+        found.add("zombies", Escalation.SIGNALS, f"zombies waiting for their parent to reap them: {format_pids(plain)}", plain)
     # Elsewhere a D thread is usually brief I/O; it matters only where it keeps the job alive.
     concerned = job | set(blocking) | {h.pid for h in holders}
     other_d = [u for u in result.uninterruptible if u not in stuck_in_driver and u["pid"] in concerned]
     if other_d:
         threads = ", ".join(f"{u['pid']}/{u['tid']} ({u['wchan'] or '?'})" for u in other_d)
-        reasons.append(f"threads in uninterruptible sleep outside the GPU driver (a pending kill fires when they wake): {threads}")
-        raise_to("reapable")
+        found.add("uninterruptible", Escalation.SIGNALS,
+                  f"threads in uninterruptible sleep outside the GPU driver (a pending kill fires when they wake): {threads}",
+                  {u["pid"] for u in other_d})
     job_holders = sorted({h.pid for h in holders if h.pid in job or h.pid in blocking})
     if job_holders:
-        reasons.append(f"GPU devices still open by {format_pids(job_holders)}")
-        raise_to("reapable")
-    if verdict == "clean":
-        reasons.append("nothing of the job and nothing blocking a relaunch")
-    result.verdict = verdict
-
-
+        found.add("gpu_devices_open", Escalation.SIGNALS, f"GPU devices still open by {format_pids(job_holders)}", job_holders)
+    if not found.findings:
+        found.add("nothing", Escalation.NONE, "nothing of the job and nothing blocking a relaunch")

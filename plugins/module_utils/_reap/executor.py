@@ -7,10 +7,10 @@ refuses protected processes and delivers only to the exact (pid, starttime) iden
 printed, pinned by a pidfd where the kernel has them.
 
 Every wait polls the real condition (gone, a zombie, out of D) against a deadline; nothing sleeps
-a fixed time. What stays after the ladder becomes an escalation: ``container_reboot`` when only a
-restart of the container clears it (zombies orphaned to an init that does not reap),
-``host_action`` when not even that may help (threads that stay in uninterruptible sleep, a process
-that survives SIGKILL).
+a fixed time. What stays after the ladder becomes an escalation, in the collection's one
+vocabulary (:mod:`.verdict`): ``container_reboot`` when only a restart of the container clears it
+(zombies orphaned to an init that does not reap), ``host_action`` when not even that may help
+(threads that stay in uninterruptible sleep, a process that survives SIGKILL).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     JobSelector,
     Protection,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     DENIED,
     REFUSED,
@@ -52,11 +53,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     SignalGate,
     format_pids,
 )
-
-NO_ESCALATION = "none"
-CONTAINER_REBOOT = "container_reboot"
-HOST_ACTION = "host_action"
-ESCALATIONS = (NO_ESCALATION, CONTAINER_REBOOT, HOST_ACTION)
 
 POLL_INTERVAL = 0.05
 MAX_ROUNDS = 3
@@ -85,8 +81,7 @@ class Outcome:
     actions: list[Action] = field(default_factory=list)
     ended: list[dict[str, Any]] = field(default_factory=list)
     remaining: list[dict[str, Any]] = field(default_factory=list)
-    escalation: str = NO_ESCALATION
-    reasons: list[str] = field(default_factory=list)
+    judgement: Verdict = field(default_factory=Verdict)
 
     @property
     def signals_sent(self) -> int:
@@ -96,18 +91,19 @@ class Outcome:
     def changed(self) -> bool:
         return self.signals_sent > 0 and bool(self.ended)
 
-    def raise_to(self, level: str, reason: str) -> None:
-        self.reasons.append(reason)
-        if ESCALATIONS.index(level) > ESCALATIONS.index(self.escalation):
-            self.escalation = level
+    @property
+    def escalation(self) -> Escalation:
+        return self.judgement.escalation
+
+    @property
+    def reasons(self) -> list[str]:
+        return self.judgement.reasons
 
     def merge(self, later: "Outcome") -> None:
         self.actions.extend(later.actions)
         self.ended.extend(later.ended)
         self.remaining.extend(later.remaining)
-        self.reasons.extend(later.reasons)
-        if ESCALATIONS.index(later.escalation) > ESCALATIONS.index(self.escalation):
-            self.escalation = later.escalation
+        self.judgement.extend(later.judgement)
 
 
 class Executor:
@@ -267,17 +263,24 @@ class Executor:
                     orphans.append(identity)
         if orphans:
             init = self.control.look(NAMESPACE_INIT_PID)
-            outcome.raise_to(
-                CONTAINER_REBOOT,
+            outcome.judgement.add(
+                "unreaped_orphans", Escalation.CONTAINER_REBOOT,
                 f"zombies {format_pids(o.pid for o in orphans)} are orphaned to PID 1 ({init.comm if init else '?'}) or to a "
                 f"parent outside this namespace, and were not reaped within {self.options.reap_timeout:g}s: "
                 f"only a restart of the container clears them",
+                [o.pid for o in orphans],
             )
 
-    def _remaining(self, identity: Identity, state: str, reason: str) -> None:
+    def _remaining(self, identity: Identity, state: str, kind: str, escalation: Escalation, reason: str,
+                   why: str | None = None) -> None:
+        """A process that stayed: in `remaining`, and (except unreaped orphans, named together) a
+        finding, whose text is `why` or else `reason`."""
         self.outcome.remaining.append({
-            "pid": identity.pid, "starttime": identity.starttime, "comm": identity.comm, "state": state, "reason": reason,
+            "pid": identity.pid, "starttime": identity.starttime, "comm": identity.comm, "state": state,
+            "kind": kind, "escalation": escalation.value, "reason": reason,
         })
+        if kind != "unreaped_orphan":
+            self.outcome.judgement.add(kind, escalation, why or reason, [identity.pid])
 
     def _explain_running(self, identity: Identity) -> None:
         key = identity.key
@@ -290,26 +293,22 @@ class Executor:
                     f"(wchan {thread.wchan or '?'}) {self.options.d_state_timeout:g}s after SIGKILL: no signal "
                     f"reaches it until it wakes; the host must act"
                 )
-                self._remaining(identity, "D", reason)
-                self.outcome.raise_to(HOST_ACTION, reason)
+                self._remaining(identity, "D", "uninterruptible", Escalation.HOST_ACTION, reason)
             return
         if DENIED in results.values():
             reason = f"pid {identity.pid} ({identity.comm}) could not be signalled: permission denied"
-            self._remaining(identity, "running", reason)
-            self.outcome.raise_to(HOST_ACTION, reason)
+            self._remaining(identity, "running", "permission_denied", Escalation.HOST_ACTION, reason)
             return
         if results.get(KILL) == SENT or results.get(KILL_LEADER) == SENT or results.get(END_PARENT_KILL) == SENT:
             reason = (
                 f"pid {identity.pid} ({identity.comm}) still runs {self.options.kill_timeout:g}s after SIGKILL; "
                 f"the host must act"
             )
-            self._remaining(identity, "running", reason)
-            self.outcome.raise_to(HOST_ACTION, reason)
+            self._remaining(identity, "running", "survived_kill", Escalation.HOST_ACTION, reason)
             return
         if identity.key in {i.key for i in self.plan.job}:
             reason = f"pid {identity.pid} ({identity.comm}) is still running: it was not signalled ({', '.join(sorted(set(results.values()))) or 'no step'})"
-            self._remaining(identity, "running", reason)
-            self.outcome.reasons.append(reason)
+            self._remaining(identity, "running", "not_signalled", Escalation.NONE, reason)
 
     def _explain_zombie(self, identity: Identity) -> bool:
         """Report a job zombie that stayed; True when only a container restart clears it."""
@@ -317,7 +316,8 @@ class Executor:
         ppid = process.ppid if process is not None else 0
         if ppid in (0, NAMESPACE_INIT_PID):
             reaper = "PID 1" if ppid else "a parent outside this namespace"
-            self._remaining(identity, "Z", f"orphaned to {reaper}, not reaped within {self.options.reap_timeout:g}s")
+            self._remaining(identity, "Z", "unreaped_orphan", Escalation.CONTAINER_REBOOT,
+                            f"orphaned to {reaper}, not reaped within {self.options.reap_timeout:g}s")
             return True
         parent = self.control.look(ppid)
         parent_name = f"{ppid} ({parent.comm})" if parent is not None else str(ppid)
@@ -335,8 +335,7 @@ class Executor:
                 f"zombie of its parent {parent_name}, which did not reap it within {self.options.reap_timeout:g}s of "
                 f"SIGCHLD; it holds only its pid (reap_parents: true would end that parent)"
             )
-        self._remaining(identity, "Z", reason)
-        self.outcome.reasons.append(f"pid {identity.pid}: {reason}")
+        self._remaining(identity, "Z", "unreaped_zombie", Escalation.NONE, reason, f"pid {identity.pid}: {reason}")
         return False
 
 
@@ -368,8 +367,7 @@ class ReapResult:
             "signals_sent": outcome.signals_sent,
             "ended": outcome.ended,
             "remaining": outcome.remaining,
-            "escalation": outcome.escalation,
-            "reasons": outcome.reasons,
+            **outcome.judgement.as_dict(),
             "elapsed": round(self.elapsed, 3),
         }
 
@@ -456,7 +454,8 @@ def _name_held_devices(outcome: Outcome, proc_root: str, device_glob: str) -> No
     for (pid, _starttime), entry in left.items():
         entry["devices"] = sorted({h.device for h in holders if h.pid == pid})
         if entry["devices"]:
-            outcome.reasons.append(f"pid {pid} ({entry['comm']}) still holds {', '.join(entry['devices'])}")
+            outcome.judgement.add("holds_device", Escalation.NONE,
+                                  f"pid {pid} ({entry['comm']}) still holds {', '.join(entry['devices'])}", [pid])
 
 
 def summary(result: ReapResult, check_mode: bool) -> str:
@@ -473,8 +472,8 @@ def summary(result: ReapResult, check_mode: bool) -> str:
             f"nothing was signalled{missing}"
         )
     outcome = result.outcome
-    if outcome.escalation == NO_ESCALATION:
+    if outcome.escalation == Escalation.NONE:
         left = f"{len(outcome.remaining)} left, none needing a reboot (see remaining)" if outcome.remaining else "nothing left that blocks a relaunch"
     else:
-        left = f"escalation {outcome.escalation}: {'; '.join(outcome.reasons)}"
+        left = f"escalation {outcome.escalation.value}: {'; '.join(outcome.reasons)}"
     return f"ended {len(outcome.ended)} process(es) with {outcome.signals_sent} signal(s); {left}{missing}"

@@ -9,9 +9,6 @@ import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
     DEFAULT_BASELINE_MIB,
-    HELD,
-    NEEDS_HOST_ACTION,
-    NEEDS_REBOOT,
     PidWatch,
     ReleaseCondition,
     describe_holders,
@@ -24,6 +21,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuProcess
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from tests.harness.clock import FakeClock
 from tests.harness.fakeproc import FakeProc
 
@@ -107,7 +105,7 @@ def test_wait_polls_on_the_interval_until_released(proc):
     assert clock.sleeps == [0.5, 0.5, 0.5]
     assert outcome.waited_s == pytest.approx(1.5)
     assert [d.used_mib for d in outcome.before] == [40000] and outcome.released_mib == 39996
-    assert outcome.as_dict()["verdict"] == "released"
+    assert outcome.as_dict()["escalation"] == "none" and outcome.as_dict()["verdict"] == "released"
 
 
 def test_wait_takes_a_last_look_at_the_deadline_then_describes_holders(proc):
@@ -122,7 +120,9 @@ def test_wait_takes_a_last_look_at_the_deadline_then_describes_holders(proc):
     assert outcome.unmet == ["GPU 0: 40000 MiB used, more than 256 MiB"]
     [holder] = outcome.holders
     assert holder["pid"] == 77 and holder["kind"] == "running" and holder["visible"]
-    assert outcome.verdict == HELD
+    assert outcome.escalation == Escalation.SIGNALS and outcome.as_dict()["verdict"] == "held"
+    assert outcome.as_dict()["findings"] == [{"kind": "running", "escalation": "signals", "pids": [77],
+                                              "why": holder["description"]}]
 
 
 def test_timeout_zero_takes_exactly_one_look(proc):
@@ -153,7 +153,7 @@ def test_zombie_orphaned_to_init_needs_a_reboot(proc):
     [holder] = holders_in(proc, (40,))
     assert holder["kind"] == "zombie" and holder["parent"] == {"pid": 1, "comm": "sleep", "is_namespace_init": True}
     assert "only a restart of that container" in holder["description"]
-    assert judge([device(0, 30000, pids=(40,))], [holder], ReleaseCondition(), ["x"])[0] == NEEDS_REBOOT
+    assert judge([device(0, 30000, pids=(40,))], [holder], ReleaseCondition(), []).escalation == Escalation.CONTAINER_REBOOT
 
 
 def test_zombie_with_a_live_parent_is_reapable(proc):
@@ -162,7 +162,7 @@ def test_zombie_with_a_live_parent_is_reapable(proc):
     proc.add_thread(41, 41, "python3", state="Z")
     [holder] = holders_in(proc, (41,))
     assert holder["kind"] == "zombie" and "its parent 30 (bash) has not reaped" in holder["description"]
-    assert judge([], [holder], ReleaseCondition(), [])[0] == HELD
+    assert judge([], [holder], ReleaseCondition(), []).escalation == Escalation.SIGNALS
 
 
 def test_zombie_leader_and_driver_d_state(proc):
@@ -177,24 +177,36 @@ def test_zombie_leader_and_driver_d_state(proc):
     assert "threads 51 still run" in leader["description"]
     assert stuck["kind"] == "uninterruptible"
     assert stuck["uninterruptible"] == [{"tid": 61, "wchan": "uvm_va_space_destroy", "in_gpu_driver": True}]
-    assert judge([], [leader], ReleaseCondition(), [])[0] == HELD
-    assert judge([], [leader, stuck], ReleaseCondition(), [])[0] == NEEDS_HOST_ACTION
+    assert judge([], [leader], ReleaseCondition(), []).escalation == Escalation.SIGNALS
+    assert judge([], [leader, stuck], ReleaseCondition(), []).escalation == Escalation.HOST_ACTION
 
 
 def test_invisible_holders(proc):
     proc.add(70, "python3")
     [gone] = holders_in(proc, (999,))
-    assert gone["visible"] is False and "no longer exists" in gone["description"]
-    assert judge([], [gone], ReleaseCondition(), [])[0] == NEEDS_HOST_ACTION
+    assert gone["visible"] is False and gone["host_pids_visible"] is True and "no longer exists" in gone["description"]
+    assert judge([], [gone], ReleaseCondition(), []).escalation == Escalation.HOST_ACTION
     # In a container of its own, pid 70 here is some other process than the host's pid 70.
     [elsewhere] = holders_in(proc, (70,), visible=False)
-    assert elsewhere["visible"] is False and "not visible in this container" in elsewhere["description"]
-    assert judge([], [elsewhere], ReleaseCondition(), [])[0] == NEEDS_REBOOT
+    assert elsewhere["visible"] is False and elsewhere["host_pids_visible"] is False
+    assert "not visible in this container" in elsewhere["description"]
+    assert judge([], [elsewhere], ReleaseCondition(), []).escalation == Escalation.CONTAINER_REBOOT
 
 
 def test_memory_with_no_process_listed_is_explained():
-    verdict, reasons = judge([device(0, 30000)], [], ReleaseCondition(), ["GPU 0: 30000 MiB used, more than 256 MiB"])
-    assert verdict == HELD and "no process listed" in reasons[0]
+    found = judge([device(0, 30000)], [], ReleaseCondition(), [])
+    assert found.escalation == Escalation.SIGNALS and "no process listed" in found.reasons[0]
+    assert found.findings[0].kind == "unlisted_memory"
+
+
+def test_the_decision_reads_fields_not_wording(proc):
+    proc.add(70, "python3")
+    [elsewhere] = holders_in(proc, (70,), visible=False)
+    reworded = dict(elsewhere, description="GPU held by someone (container or not)")
+    assert judge([], [reworded], ReleaseCondition(), []).escalation == Escalation.CONTAINER_REBOOT
+    [gone] = holders_in(proc, (999,))
+    reworded = dict(gone, description="a container holds it")
+    assert judge([], [reworded], ReleaseCondition(), []).escalation == Escalation.HOST_ACTION
 
 
 def test_pid_watch_sees_a_real_process_go_and_a_recycled_pid(proc):

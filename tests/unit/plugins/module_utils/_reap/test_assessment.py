@@ -1,4 +1,4 @@
-"""Classification and verdict on fixture /proc trees.
+"""Classification and escalation on fixture /proc trees.
 
 The states that cannot be made for real on a machine without a GPU (a thread asleep in the NVIDIA
 driver) are covered here; every other state is also made for real in tests/integration.
@@ -15,6 +15,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment i
     assess,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JobSelector
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from tests.harness.clock import FakeClock
 from tests.harness.fakeproc import FakeProc
 
@@ -36,7 +37,7 @@ def proc_fixture(tmp_path):
 def test_nothing_of_the_job_is_clean(proc):
     proc.add(40, "python3", cmdline=["python3", "notebook.py"])
     result, _clock = run(proc.root, match=[r"train\.py"])
-    assert result.verdict == "clean"
+    assert result.escalation == Escalation.NONE
     assert result.job_processes == []
 
 
@@ -47,7 +48,7 @@ def test_running_job_with_descendants_is_reapable(proc):
     proc.add(20, "python3", cmdline=["python3", "/w/train_eval.py"])
     result, _clock = run(proc.root, match=[r"/w/train\.py\b"])
     assert [p["pid"] for p in result.job_processes] == [10, 11, 12]
-    assert result.verdict == "reapable"
+    assert result.escalation == Escalation.SIGNALS
     assert any("10, 11, 12" in reason for reason in result.reasons)
 
 
@@ -75,7 +76,7 @@ def test_zombie_leader_with_live_thread(proc):
     assert zombie["live_threads"] == [{"tid": 31, "state": "S", "wchan": "futex_wait_queue", "comm": "pt_autograd_0"}]
     assert zombie["parent"] == {"pid": 10, "comm": "python3", "state": "S", "is_namespace_init": False, "job": True}
     assert zombie["parent_chain"] == [10, 1]
-    assert result.verdict == "reapable"
+    assert result.escalation == Escalation.SIGNALS
 
 
 def test_unrelated_plain_zombie_does_not_block(proc):
@@ -83,17 +84,17 @@ def test_unrelated_plain_zombie_does_not_block(proc):
     proc.add(71, "sh", state="Z", ppid=70)
     result, clock = run(proc.root, match=[r"train"])
     assert result.zombies[0]["blocking"] is False
-    assert result.verdict == "clean"
+    assert result.escalation == Escalation.NONE
     assert clock.sleeps == []  # not orphaned to PID 1: nothing to watch
 
     strict, _clock = run(proc.root, match=[r"train"], require_no_zombies=True)
-    assert strict.verdict == "reapable"
+    assert strict.escalation == Escalation.SIGNALS
 
 
 def test_orphaned_zombie_that_init_never_reaps_needs_reboot(proc):
     proc.add(80, "python3", state="Z", ppid=1)
     result, clock = run(proc.root, match=[r"train"], orphan_grace=2.0)
-    assert result.verdict == "needs_reboot"
+    assert result.escalation == Escalation.CONTAINER_REBOOT
     assert result.zombies[0]["unreaped_orphan"] is True
     assert "did not reap them within 2s" in result.reasons[0]
     assert clock.now >= 2.0  # it watched for the whole grace, polling
@@ -111,7 +112,7 @@ def test_orphaned_zombie_reaped_during_grace_is_not_a_reboot(proc):
     clock.on_sleep.append(init_reaps)
     options = AssessmentOptions(selector=JobSelector(), orphan_grace=5.0)
     result = assess(options, proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
-    assert result.verdict == "reapable"  # it was there at the snapshot, and init took it
+    assert result.escalation == Escalation.SIGNALS  # it was there at the snapshot, and init took it
     assert result.zombies[0]["unreaped_orphan"] is False
     assert clock.now < 1.0
 
@@ -121,16 +122,20 @@ def test_thread_asleep_in_the_gpu_driver_needs_host_action(proc):
     proc.add_thread(10, 10, "python3", state="D", wchan="uvm_va_space_destroy")
     proc.add_thread(10, 12, "python3", state="S", wchan="futex_wait_queue")
     result, _clock = run(proc.root, match=[r"train\.py"])
-    assert result.verdict == "needs_host_action"
+    assert result.escalation == Escalation.HOST_ACTION
     assert result.uninterruptible == [{"pid": 10, "tid": 10, "comm": "python3", "wchan": "uvm_va_space_destroy"}]
     assert "uvm_va_space_destroy" in result.reasons[0]
+    facts = result.as_dict()
+    assert facts["escalation"] == "host_action" and facts["verdict"] == "needs_host_action"  # verdict: deprecated
+    assert facts["findings"][0] == {"kind": "driver_sleep", "escalation": "host_action", "pids": [10],
+                                    "why": result.reasons[0]}
 
 
 def test_d_state_outside_the_driver_is_waited_out(proc):
     proc.add(10, "python3", cmdline=["python3", "/w/train.py"], state="D")
     proc.add_thread(10, 10, "python3", state="D", wchan="do_freezer_trap")
     result, _clock = run(proc.root, match=[r"train\.py"])
-    assert result.verdict == "reapable"
+    assert result.escalation == Escalation.SIGNALS
     assert any("do_freezer_trap" in reason for reason in result.reasons)
 
 
@@ -139,10 +144,10 @@ def test_unrelated_d_state_does_not_block(proc):
     proc.add_thread(90, 90, "backup", state="D", wchan="io_schedule")
     result, _clock = run(proc.root, match=[r"train\.py"])
     assert result.uninterruptible[0]["pid"] == 90
-    assert result.verdict == "clean"
+    assert result.escalation == Escalation.NONE
 
 
 def test_missing_pids_are_reported(proc):
     result, _clock = run(proc.root, pids=[4242])
     assert result.missing_pids == [4242]
-    assert result.verdict == "clean"
+    assert result.escalation == Escalation.NONE

@@ -5,12 +5,8 @@ from __future__ import annotations
 import re
 import signal
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
-    CONTAINER_REBOOT,
-    HOST_ACTION,
-    NO_ESCALATION,
-    Executor,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import Executor
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import ReapOptions, plan_reap
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import GONE, RECYCLED, SENT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
@@ -52,7 +48,7 @@ def test_a_job_that_exits_on_term_gets_nothing_more():
     kernel.add(SimProcess(11, 111, 10, cmdline="python3 train.py worker"))
     _plan, outcome = reap(kernel)
     assert sent(outcome) == [("terminate", 10, "SIGTERM"), ("terminate", 11, "SIGTERM")]
-    assert outcome.escalation == NO_ESCALATION and outcome.remaining == []
+    assert outcome.escalation == Escalation.NONE and outcome.remaining == []
     assert {(e["pid"], e["now"]) for e in outcome.ended} == {(10, "gone"), (11, "gone")}
     assert outcome.changed
     assert kernel.now < 1.0  # polled: no waiting out the term_timeout
@@ -65,7 +61,7 @@ def test_term_ignored_means_sigkill_after_term_timeout():
     assert sent(outcome) == [("terminate", 10, "SIGTERM"), ("kill", 10, "SIGKILL")]
     kill = [a for a in outcome.actions if a.step.stage == "kill"][0]
     assert kill.elapsed >= OPTIONS["term_timeout"]
-    assert outcome.escalation == NO_ESCALATION
+    assert outcome.escalation == Escalation.NONE
 
 
 def test_zombie_leader_is_killed_at_once():
@@ -81,7 +77,7 @@ def test_stuck_in_d_is_host_action_naming_the_wchan():
     kernel = world()
     stuck = kernel.add(SimProcess(30, 130, 1, cmdline="python3 train.py", stuck=True, wchan="uvm_va_space_destroy"))
     _plan, outcome = reap(kernel)
-    assert outcome.escalation == HOST_ACTION
+    assert outcome.escalation == Escalation.HOST_ACTION
     assert "wchan uvm_va_space_destroy" in outcome.reasons[0] and "pid 30 thread 30" in outcome.reasons[0]
     assert outcome.remaining[0]["state"] == "D"
     assert kernel.now >= OPTIONS["term_timeout"] + OPTIONS["d_state_timeout"]
@@ -96,7 +92,7 @@ def test_orphans_under_an_init_that_never_reaps_need_a_container_reboot():
     kernel.add(SimProcess(41, 141, 40, cmdline="python3 train.py worker", reaps=False))
     kernel.add(SimProcess(42, 142, 41, state="Z"))
     _plan, outcome = reap(kernel)
-    assert outcome.escalation == CONTAINER_REBOOT
+    assert outcome.escalation == Escalation.CONTAINER_REBOOT
     assert "zombies 40, 41, 42 are orphaned to PID 1 (sleep)" in outcome.reasons[0]
     assert {e["pid"] for e in outcome.remaining} == {40, 41, 42}
 
@@ -111,7 +107,7 @@ def test_zombie_of_a_parent_that_never_reaps():
     kernel = make()
     _plan, outcome = reap(kernel, match=(), pids=(51,))
     assert sent(outcome) == [("notify_parent", 50, "SIGCHLD")]
-    assert outcome.escalation == NO_ESCALATION
+    assert outcome.escalation == Escalation.NONE
     assert "reap_parents: true would end that parent" in outcome.remaining[0]["reason"]
     assert not outcome.changed  # a signal was sent, but nothing went away
 

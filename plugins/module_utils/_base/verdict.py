@@ -1,0 +1,107 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one escalation vocabulary: what it takes to clear what was found, least force first.
+
+Every module and role of the collection answers in these words (``escalation`` in a result):
+
+* ``none``: nothing stands in the way (nothing found, or nothing more this step could do);
+* ``signals``: signals and reaping clear it (and the time the kernel takes to tear a process down);
+* ``container_reboot``: only a restart of the container clears it;
+* ``host_action``: not even that may help; the host must act.
+
+A decision is taken on these values and on the structured fields of a :class:`Finding` (its
+``kind``, its pids), never on the wording of a message: ``why`` is for people.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar, Iterable
+
+
+class Escalation(Enum):
+    """What clears a finding. The order of the members is the ranking: later means more force."""
+
+    NONE = "none"
+    SIGNALS = "signals"
+    CONTAINER_REBOOT = "container_reboot"
+    HOST_ACTION = "host_action"
+
+    @property
+    def rank(self) -> int:
+        return _ORDER.index(self)
+
+
+_ORDER = tuple(Escalation)
+# The words, least force first, for argument specs and documentation.
+ESCALATION_WORDS = tuple(level.value for level in _ORDER)
+
+
+def worst(levels: Iterable[Escalation]) -> Escalation:
+    """The one ranking: the level that needs the most force (NONE for no levels)."""
+    return max(levels, key=lambda level: level.rank, default=Escalation.NONE)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing found, what it takes to clear it, and why, for people."""
+
+    kind: str
+    escalation: Escalation
+    why: str
+    pids: tuple[int, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "escalation": self.escalation.value, "pids": list(self.pids), "why": self.why}
+
+
+@dataclass
+class Verdict:
+    """The findings of one step; its escalation is the worst of theirs."""
+
+    findings: list[Finding] = field(default_factory=list)
+
+    def add(self, kind: str, escalation: Escalation, why: str, pids: Iterable[int] = ()) -> None:
+        self.findings.append(Finding(kind, escalation, why, tuple(sorted(pids))))
+
+    def extend(self, other: "Verdict") -> None:
+        self.findings.extend(other.findings)
+
+    @property
+    def escalation(self) -> Escalation:
+        return worst(f.escalation for f in self.findings)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f.why for f in self.findings]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "escalation": self.escalation.value,
+            "reasons": self.reasons,
+            "findings": [f.as_dict() for f in self.findings],
+        }
+
+
+class Judged:
+    """A result that carries its findings as `judgement`.
+
+    `legacy_words` names each escalation in the deprecated ``verdict`` words of one module.
+    """
+
+    judgement: Verdict
+    legacy_words: ClassVar[dict[Escalation, str]] = {}
+
+    @property
+    def escalation(self) -> Escalation:
+        return self.judgement.escalation
+
+    @property
+    def verdict(self) -> str:
+        """The deprecated word for the escalation."""
+        return self.legacy_words[self.escalation]
+
+    @property
+    def reasons(self) -> list[str]:
+        return self.judgement.reasons
