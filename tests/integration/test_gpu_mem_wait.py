@@ -106,13 +106,15 @@ def test_release_after_a_real_holder_is_killed(reaper: Reaper, gpu: SimGpu) -> N
     assert gpu1["processes"] == []
     assert result["released_mib"] == 8192
     assert result["polls"] >= 2
-    assert result["verdict"] == "released" and result["holders"] == []
+    assert result["escalation"] == "none" and result["holders"] == []
+    assert result["verdict"] == "released"  # deprecated, the old word
     # GPU 0 still has its live holder: selecting it (by UUID) times out naming that process.
     held = run_wait({"devices": [gpu.devices[0]["uuid"]], "timeout": 0.5, "poll_interval": 0.1}, gpu.env())
     assert held["failed"] is True and held["released"] is False
     [holder0] = held["holders"]
     assert holder0["pid"] == other["pid"] and holder0["kind"] == "running" and holder0["visible"] is True
-    assert held["verdict"] == "held"
+    assert held["escalation"] == "signals" and holder0["escalation"] == "signals"
+    assert held["findings"][0]["kind"] == "running" and held["findings"][0]["pids"] == [other["pid"]]
     assert f"pid {other['pid']}" in held["msg"]
     # The NVML child of each run is gone with its run.
     assert processes_with_env(state) == []
@@ -155,7 +157,8 @@ def test_stuck_teardown_under_a_never_reaping_init_times_out_naming_the_zombie(r
         assert entry["pid"] == holder["pid"] and entry["kind"] == "zombie" and entry["visible"] is True
         assert entry["parent"]["pid"] == namespace.init_pid and entry["parent"]["is_namespace_init"] is True
         assert entry["used_mib"] == 16384
-        assert result["verdict"] == "needs_reboot" and result["needs_reboot"] is True
+        assert result["escalation"] == "container_reboot" and result["needs_reboot"] is True
+        assert entry["escalation"] == "container_reboot" and isinstance(entry["starttime"], int)
         assert f"pid {holder['pid']}" in result["msg"] and "zombie orphaned" in result["msg"]
         assert "only a restart of that container" in result["msg"]
         # Still a zombie and still held: nothing inside the namespace reaps it.
@@ -180,8 +183,8 @@ def test_host_pid_is_invisible_inside_a_namespace_container(reaper: Reaper, gpu:
             assert result["failed"] is True, result
             [entry] = result["holders"]
             assert entry["pid"] == holder["pid"] and entry["visible"] is False and entry["kind"] == "invisible"
-            assert "host pid" in entry["description"]
-            assert result["verdict"] == "needs_reboot"
+            assert "host pid" in entry["description"] and entry["host_pids_visible"] is False
+            assert result["escalation"] == "container_reboot" and result["verdict"] == "needs_reboot"
             assert "not visible in this container" in result["msg"]
 
             # The simulated driver inside still judges the holder by its host pid: kill it, and the
@@ -335,6 +338,7 @@ def test_gpu_drain_role_says_when_only_a_reboot_helps(reaper: Reaper, gpu: SimGp
                  "vars": {**common, "gpu_drain_devices": ["0"], "gpu_drain_fail_on_timeout": False}},
                 {"name": "report stuck", "ansible.builtin.debug": {"msg": {
                     "needs_reboot": "{{ gpu_drain_needs_reboot }}", "verdict": "{{ gpu_drain_verdict }}",
+                    "escalation": "{{ gpu_drain_escalation }}",
                     "pids": "{{ gpu_drain_holders | map(attribute='pid') | list }}"}}},
                 # Last: with a live holder and gpu_drain_fail_on_timeout at its default, the role fails.
                 {"name": "held GPU", "ansible.builtin.include_role": {"name": "gpuops.relaunch.gpu_drain"},
@@ -343,13 +347,14 @@ def test_gpu_drain_role_says_when_only_a_reboot_helps(reaper: Reaper, gpu: SimGp
         }]
         run = run_playbook(play, timeout=300)
         stuck = run.result("report stuck")["msg"]
-        assert stuck["needs_reboot"] is True and stuck["verdict"] == "needs_reboot", run.stdout
+        assert stuck["needs_reboot"] is True and stuck["escalation"] == "container_reboot", run.stdout
+        assert stuck["verdict"] == "needs_reboot"  # deprecated, the old word
         assert stuck["pids"] == [holder["pid"]]
         stop = run.tasks["gpuops.relaunch.gpu_drain : Stop when the GPUs are still held"]
         assert [entry.get("skipped", False) for entry in stop] == [True, False]
         assert stop[1]["failed"] is True and f"pid {live['pid']}" in stop[1]["msg"]
         held = run.tasks["gpuops.relaunch.gpu_drain : Wait until the GPUs are released"][1]
-        assert held["verdict"] == "held" and held["needs_reboot"] is False
+        assert held["escalation"] == "signals" and held["needs_reboot"] is False
         assert run.rc != 0
 
 

@@ -82,7 +82,7 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     first = summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))
 
     assert first["relaunched"] is True
-    assert first["found"] == "reapable"
+    assert first["found"] == "signals"
     assert {stale["main"], stale["zombie"], stale["zombie_leader"]} <= set(first["ended"])
     for pid in stale.values():
         wait_until(lambda p=pid: state_of(p) is None, what=f"stale pid {pid} to be gone")

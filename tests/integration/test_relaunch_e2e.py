@@ -250,7 +250,7 @@ def test_relaunch_reboots_the_container_through_the_api_and_starts_the_job(lab, 
     report = summary(run)
     assert report["relaunched"] is True and report["container_reset"] is True
     # What the first look found, not the clean container the look after the reboot saw.
-    assert report["found"] == first_look["ansible_facts"]["process_cleanup_verdict_before"] != "clean", report
+    assert report["found"] == first_look["ansible_facts"]["process_cleanup_found_escalation"] != "none", report
     assert stale.ns_main in report["ended"] and report["reasons"], report
     assert int(report["job"]["pid"]) == int(launch["pid"])
     assert set(report["seconds"]) >= {"stop", "cleanup", "drain", "container_reset", "launch"}, report
@@ -285,7 +285,7 @@ def test_check_mode_sends_no_post_and_starts_nothing(lab, pct_host, tmp_path):
     assert not (lab.container.rootfs / IN_CT_LOG_DIR.lstrip("/")).exists()  # not even the log directory
     assert last(run, LAUNCH)["msg"] == "would start the job with backend supervisor"
     report = summary(run)
-    assert report["relaunched"] is True and report["found"] == "needs_reboot" and report["job"]["pid"] is None
+    assert report["relaunched"] is True and report["found"] == "container_reboot" and report["job"]["pid"] is None
 
 
 @needs_sshd

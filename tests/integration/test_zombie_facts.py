@@ -87,7 +87,7 @@ def test_stale_job_tree_on_localhost(reaper, tag, local_inventory):
     assert entry["kind"] == "zombie" and entry["blocking"] is True and entry["job"] is True
     assert entry["parent"]["pid"] == parent and entry["parent"]["job"] is True
     assert entry["parent_chain"][0] == parent
-    assert facts["verdict"] == "reapable"
+    assert facts["escalation"] == "signals"
     assert any(str(parent) in reason for reason in facts["reasons"])
 
 
@@ -116,7 +116,7 @@ def test_zombie_leader_with_live_thread_holding_a_device(reaper, tag, local_inve
     holders = [h for h in facts["gpu_holders"] if h["pid"] == zombie]
     # The leader's own fd/ is empty; the device is found on the live thread.
     assert holders == [{"pid": zombie, "tid": thread["tid"], "comm": thread["comm"], "state": thread["state"], "device": str(device)}]
-    assert facts["verdict"] == "reapable"
+    assert facts["escalation"] == "signals"
 
 
 def test_frozen_task_is_uninterruptible(reaper, tag, local_inventory):
@@ -127,7 +127,7 @@ def test_frozen_task_is_uninterruptible(reaper, tag, local_inventory):
     facts = gather(local_inventory, {"match": [tag]})
     (stuck,) = [u for u in facts["uninterruptible"] if u["pid"] == sleeper]
     assert stuck["tid"] == sleeper and stuck["wchan"]
-    assert facts["verdict"] == "reapable"  # not the GPU driver: it ends once it wakes
+    assert facts["escalation"] == "signals"  # not the GPU driver: it ends once it wakes
     assert any(f"{sleeper}/{sleeper}" in reason for reason in facts["reasons"])
 
 
@@ -140,7 +140,7 @@ def test_vfork_parent_is_uninterruptible(reaper, tag, local_inventory, tmp_path)
     assert stuck["tid"] == parent and stuck["wchan"]
     job = by_pid(facts["job_processes"])
     assert job[parent]["state"] == "D" and job[child]["ppid"] == parent
-    assert facts["verdict"] == "reapable"  # a vfork wait is killable: not the GPU driver
+    assert facts["escalation"] == "signals"  # a vfork wait is killable: not the GPU driver
 
 
 def test_plain_zombie_of_someone_else_is_reported_but_not_blocking(reaper, tag, local_inventory):
@@ -177,7 +177,7 @@ def test_orphan_zombies_under_a_never_reaping_namespace_init(reaper, tag, tmp_pa
         assert entry["parent"]["pid"] == 1 and entry["parent"]["is_namespace_init"] is True
         assert entry["parent"]["comm"] == "sleep"
         assert entry["unreaped_orphan"] is True and entry["blocking"] is True
-        assert facts["verdict"] == "needs_reboot"
+        assert facts["escalation"] == "container_reboot"
         assert any(str(zombie_ns) in reason and "PID 1 (sleep)" in reason for reason in facts["reasons"])
         assert state_of(zombie_host) == "Z"  # gathering facts changed nothing
 
@@ -189,7 +189,7 @@ def test_orphan_zombie_reaped_by_host_init_is_not_a_reboot(reaper, tag, local_in
     wait_until(lambda: state_of(parent) in (None, "Z") and parent_pid(zombie) != parent, what="the parent to die")
     # PID 1 of this machine reaps orphans, if about 1.5 s late: the module watches, not guesses.
     facts = gather(local_inventory, {"match": [tag], "orphan_grace": 10})
-    assert facts["verdict"] != "needs_reboot"
+    assert facts["escalation"] != "container_reboot"
     assert zombie not in by_pid(facts["zombies"]) or by_pid(facts["zombies"])[zombie]["unreaped_orphan"] is False
 
 

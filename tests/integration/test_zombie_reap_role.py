@@ -12,6 +12,7 @@ from tests.integration.test_zombie_reap import identities, supervised, tree
 
 REAP_TASK = "gpuops.relaunch.process_cleanup : End the job and clear its zombies with the least force that works"
 FACTS = [
+    "process_cleanup_found_escalation", "process_cleanup_found_reasons",
     "process_cleanup_verdict_before", "process_cleanup_verdict", "process_cleanup_escalation",
     "process_cleanup_needs_reboot", "process_cleanup_needs_host_action", "process_cleanup_reasons",
     "process_cleanup_ended", "process_cleanup_remaining",
@@ -51,7 +52,8 @@ def test_role_on_localhost_check_mode_then_for_real(tmp_path):
 
         checked = run_playbook(role_play(match), inventory=str(inventory), check=True)
         seen = facts(checked)
-        assert seen["process_cleanup_verdict_before"] == "reapable"
+        assert seen["process_cleanup_found_escalation"] == "signals"
+        assert seen["process_cleanup_verdict_before"] == "reapable"  # deprecated, the old word
         assert seen["process_cleanup_verdict"] == "reapable"  # nothing was done
         assert seen["process_cleanup_escalation"] == "none"
         plan = checked.result(REAP_TASK)
@@ -59,14 +61,16 @@ def test_role_on_localhost_check_mode_then_for_real(tmp_path):
         assert all(process_starttime(pid) == st for pid, st in before.items())
 
         done = facts(run_playbook(role_play(match), inventory=str(inventory)))
-        assert done["process_cleanup_verdict_before"] == "reapable"
+        assert done["process_cleanup_found_escalation"] == "signals"
+        assert any(str(parent) in reason for reason in done["process_cleanup_found_reasons"])
         # Other tests on this machine may orphan zombies to PID 1 meanwhile: those make the verdict
         # "reapable" (PID 1 reaps them soon); nothing of this test's job may be left.
         after = done["after"]
         assert after["job_processes"] == []
         assert not set(before) & {z["pid"] for z in after["zombies"]}
         foreign = [z for z in after["zombies"] if z["blocking"]]
-        assert done["process_cleanup_verdict"] == ("reapable" if foreign else "clean"), done["process_cleanup_reasons"]
+        assert after["escalation"] == ("signals" if foreign else "none"), done["process_cleanup_reasons"]
+        assert done["process_cleanup_verdict"] == ("reapable" if foreign else "clean")
         assert done["process_cleanup_escalation"] == "none"
         assert done["process_cleanup_needs_reboot"] is False and done["process_cleanup_needs_host_action"] is False
         assert {e["pid"] for e in done["process_cleanup_ended"]} == set(before)
@@ -74,7 +78,7 @@ def test_role_on_localhost_check_mode_then_for_real(tmp_path):
 
         again = run_playbook(role_play(match), inventory=str(inventory))
         reap = again.result(REAP_TASK)
-        if facts(again)["process_cleanup_verdict_before"] == "clean":
+        if facts(again)["process_cleanup_found_escalation"] == "none":
             assert reap.get("skipped") is True
         else:  # only someone else's passing orphans: the job itself has nothing left
             assert reap["changed"] is False and reap["signals_sent"] == 0 and reap["job"] == []
@@ -93,7 +97,8 @@ def test_role_inside_a_non_reaping_container_asks_for_a_reboot(tmp_path):
             done = facts(run_playbook(role_play(tag.replace(".", r"\.") + r"\b"), inventory=inventory))
             assert done["process_cleanup_escalation"] == "container_reboot"
             assert done["process_cleanup_needs_reboot"] is True
-            assert done["process_cleanup_verdict"] == "needs_reboot"
+            assert done["after"]["escalation"] == "container_reboot"
+            assert done["process_cleanup_verdict"] == "needs_reboot"  # deprecated, the old word
             assert {e["state"] for e in done["process_cleanup_remaining"]} == {"Z"}
             assert int(job["orphan"]) in {e["pid"] for e in done["process_cleanup_remaining"]}
             assert state_of(namespace.init_pid) == "S"
