@@ -13,22 +13,22 @@ options:
     description:
       - Regular expressions (Python C(re), searched, not anchored) over the full command line of
         each process (arguments joined by spaces). A process matching any of them is part of the job.
-      - Be specific. C(train\.py) also matches C(train_py_eval); C(/workspace/run/train\.py\b) does not.
+      - Be specific. V(train\\.py) also matches V(train_py_eval); V(/workspace/run/train\\.py\\b) does not.
       - A pattern that names more than a job is refused (the task fails, naming the pattern, and
-        nothing is touched) unless I(allow_broad=true) - one that matches the empty string (C(.*),
-        C(""), C(x?)), or one that matches the command line of the module's own process or of one
+        nothing is touched) unless O(allow_broad=true) - one that matches the empty string (V(.*),
+        V(""), V(x?)), or one that matches the command line of the module's own process or of one
         of its ancestors (the C(sh -c) and sshd session of the connection, or with
         C(ansible_connection=local) the C(ansible-playbook) worker); such a pattern also matches
         every process like them (every python process, every other connection, the controller's
         workers for other hosts).
       - Kernel threads and zombies have no command line and never match; zombies of the job are
-        found through I(include_descendants) and their parent.
+        found through O(include_descendants) and their parent.
     type: list
     elements: str
     default: []
   pids:
     description:
-      - Process IDs that are part of the job in addition to those found by I(match).
+      - Process IDs that are part of the job in addition to those found by O(match).
       - Pids that do not exist are ignored (reported in C(missing_pids)).
     type: list
     elements: int
@@ -42,14 +42,14 @@ options:
   allow_broad:
     description:
       - Act on a selection that names more than a job. Without it, the selection is refused when a
-        I(match) pattern is too broad (see I(match)) or when the selection, with its descendants,
+        O(match) pattern is too broad (see O(match)) or when the selection, with its descendants,
         takes in a process of Ansible itself - one that runs an Ansible program or module
         (C(ansible-playbook) and its workers, C(AnsiballZ_*.py)), or one that the Ansible process
         running this module started (a descendant of it, or a member of the process group or
         session it leads).
-      - "Risk: with C(true), everything the selection names that is not protected is part of the
+      - "Risk: with V(true), everything the selection names that is not protected is part of the
         job. C(match: ['.*']) then means every process of the namespace except PID 1, kernel
-        threads, I(protected) and the module's own connection chain - and with
+        threads, O(protected) and the module's own connection chain - and with
         C(ansible_connection=local), the Ansible workers serving other hosts too, which hangs the
         play. Use it only where that is meant, for example inside a container reached over
         C(pct exec) or C(nsenter) that runs nothing but the job."

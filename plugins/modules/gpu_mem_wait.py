@@ -13,25 +13,34 @@ description:
     baseline, because the driver keeps some memory, so free is not zero), and optionally no compute
     process is listed, some pids are gone and the host's C(MemAvailable) is back above a floor.
   - NVML is read through the Python bindings (C(pynvml) from the C(nvidia-ml-py) package) in a child
-    process. Each query has its own deadline I(query_timeout), because NVML calls can hang in the
+    process. Each query has its own deadline O(query_timeout), because NVML calls can hang in the
     kernel; a hung query fails the task with a message saying so instead of hanging the play. Where
     the bindings are not installed on the target, C(nvidia-smi) CSV output is parsed instead.
-  - On timeout the task fails and lists the C(holders). NVML reports pids of the host's PID namespace;
+  - On timeout the task fails and lists the RV(holders). NVML reports pids of the host's PID namespace;
     where such a pid is visible here, its state comes from the process table (a zombie, a zombie
     leader whose threads still run, a thread in uninterruptible sleep with its wait channel).
     Inside a container the pids are not visible (C(visible=false)). RV(escalation) says what would
     free the memory, in the words M(gpuops.relaunch.zombie_facts) and M(gpuops.relaunch.zombie_reap)
-    use too, in particular whether only a container restart helps (C(container_reboot)).
+    use too, in particular whether only a container restart helps (V(container_reboot)).
   - A missing driver, a missing library, a library/driver version mismatch, a lost GPU and a GPU
-    that requires a reset each fail with a message saying so. With I(gpus_required=false), a host
+    that requires a reset each fail with a message saying so. With O(gpus_required=false), a host
     without any NVIDIA GPU is not an error.
   - Never changes anything.
+  - Every problem with the options is found before the first query and reported at once, each naming
+    its option (in RV(option_problems) too).
 author:
   - gpuops.relaunch maintainers (@gpuops)
+requirements:
+  - On the target, the NVIDIA driver and either the Python bindings C(pynvml) (package C(nvidia-ml-py)) for the
+    interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)).
+extends_documentation_fragment:
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.info_module
+  - gpuops.relaunch.attributes.platform
 options:
   devices:
     description:
-      - The GPUs to wait for, by index (C(0)) or UUID (C(GPU-...)). Empty means all GPUs.
+      - The GPUs to wait for, by index (V(0)) or UUID (C(GPU-...)). Empty means all GPUs.
     type: list
     elements: str
     default: []
@@ -40,7 +49,7 @@ options:
       - Used memory per GPU, in MiB, at or under which the GPU counts as free. Where the driver
         reports its reservation apart (NVML memory info v2), that reservation is not counted.
       - A finite number, 0 or more.
-      - When neither I(max_used_mib) nor I(max_used_percent) is given, the ceiling is 256 MiB.
+      - When neither O(max_used_mib) nor O(max_used_percent) is given, the ceiling is 256 MiB.
     type: float
   max_used_percent:
     description:
@@ -61,13 +70,13 @@ options:
     default: []
   min_host_available_gib:
     description:
-      - Also require that the host's C(MemAvailable) (from C(meminfo) under I(proc_root)) is at least
+      - Also require that the host's C(MemAvailable) (from C(meminfo) under O(proc_root)) is at least
         this many GiB. Large pinned host memory of a killed job takes tens of seconds to come back.
       - A finite number, 0 or more.
     type: float
   timeout:
     description:
-      - How long to wait, in seconds, before failing. C(0) takes one look.
+      - How long to wait, in seconds, before failing. V(0) takes one look.
       - Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 300
@@ -87,13 +96,13 @@ options:
   gpus_required:
     description:
       - Whether a host without a usable NVIDIA GPU (no bindings nor C(nvidia-smi), no NVML library,
-        driver not loaded, no device) is a failure. With C(false) the task then succeeds with
-        C(gpu_present=false) after waiting for the other conditions.
+        driver not loaded, no device) is a failure. With V(false) the task then succeeds with
+        RV(gpu_present=false) after waiting for the other conditions.
     type: bool
     default: true
   backend:
     description:
-      - How to read the GPUs. C(auto) uses the Python bindings and falls back to C(nvidia-smi) when
+      - How to read the GPUs. V(auto) uses the Python bindings and falls back to V(nvidia-smi) when
         they are not installed.
     type: str
     choices: [auto, pynvml, nvidia-smi]
@@ -105,16 +114,14 @@ options:
     default: nvidia-smi
   proc_root:
     description:
-      - Where the process table is mounted, for the holders' states, I(pids_gone) and C(meminfo).
+      - Where the process table is mounted, for the holders' states, O(pids_gone) and C(meminfo).
     type: path
     default: /proc
 attributes:
-  check_mode:
-    description: The module only reads; in check mode it waits and reports exactly as otherwise.
-    support: full
-  diff_mode:
-    description: Has no diff to show.
-    support: none
+  platform:
+    platforms: linux
+    details:
+      - Linux only (NVML or C(nvidia-smi), and C(/proc) for the holders); the target, where the GPUs are.
 notes:
   - Inside a container NVML lists the pids of the host's PID namespace. They do not exist in the
     container, so holders show C(visible=false); run the module on the host to see their states.
@@ -149,9 +156,15 @@ released:
   returned: always
   type: bool
   sample: true
+elapsed:
+  description: Seconds the task took, from the first GPU query (which includes initialising NVML) to the verdict.
+  returned: unless the options were refused
+  type: float
+  sample: 2.61
 waited_s:
-  description: Seconds from the first look to the last.
-  returned: always
+  description:
+    - Deprecated, use RV(elapsed); seconds from the first look to the last, kept for earlier releases.
+  returned: unless the options were refused or a GPU query failed
   type: float
   sample: 2.53
 polls:
@@ -160,7 +173,7 @@ polls:
   type: int
   sample: 6
 backend:
-  description: What the GPUs were read with, C(pynvml) or C(nvidia-smi); C(none) when no GPU was found.
+  description: What the GPUs were read with, V(pynvml) or V(nvidia-smi); V(none) when no GPU was found.
   returned: always
   type: str
   sample: pynvml
@@ -195,7 +208,7 @@ unmet:
   elements: str
   sample: ["GPU 0: 40960 MiB used, more than 256 MiB"]
 pids_remaining:
-  description: Pids of I(pids_gone) still present at the end, with comm and state.
+  description: Pids of O(pids_gone) still present at the end, with comm and state.
   returned: always
   type: list
   elements: dict
@@ -214,7 +227,7 @@ holders:
   description:
     - On timeout, every process still listed on a selected GPU. C(visible) false means its pid does
       not exist here (a host pid seen from a container, or a process whose teardown is stuck).
-    - C(kind) is C(running), C(zombie), C(zombie_leader), C(uninterruptible) or C(invisible);
+    - C(kind) is V(running), V(zombie), V(zombie_leader), V(uninterruptible) or V(invisible);
       C(escalation) what would free it; C(description) says it in words. C(starttime) is given for
       a visible holder; C(host_pids_visible) for an invisible one (true when this is the host's PID
       namespace, so the listed process is gone and only the host helps; false in a container, where
@@ -242,9 +255,9 @@ escalation:
   description:
     - What it takes to free what is still held, in the collection's one vocabulary, least force
       first (see the README's verdict table).
-    - C(none) (released); C(signals) (signals, reaping or more time can free it); C(container_reboot)
+    - V(none) (released); V(signals) (signals, reaping or more time can free it); V(container_reboot)
       (only a restart of the container clears it, e.g. a zombie holder its init never reaps);
-      C(host_action) (a holder thread sleeps in the GPU driver, or the driver lists a pid that no
+      V(host_action) (a holder thread sleeps in the GPU driver, or the driver lists a pid that no
       longer exists).
   returned: always
   type: str
@@ -253,14 +266,14 @@ escalation:
 verdict:
   description:
     - Deprecated, use RV(escalation); kept with the words of earlier releases.
-    - C(released) (escalation C(none)), C(held) (C(signals)), C(needs_reboot) (C(container_reboot)) or
-      C(needs_host_action) (C(host_action)).
+    - V(released) (escalation V(none)), V(held) (V(signals)), V(needs_reboot) (V(container_reboot)) or
+      V(needs_host_action) (V(host_action)).
   returned: always
   type: str
   choices: [released, held, needs_reboot, needs_host_action]
   sample: needs_reboot
 needs_reboot:
-  description: Whether RV(escalation) is C(container_reboot).
+  description: Whether RV(escalation) is V(container_reboot).
   returned: always
   type: bool
   sample: false
@@ -273,42 +286,50 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a holder's kind (see RV(holders)), C(unlisted_memory) (memory used with no process
-      listed), C(pids_present), C(host_memory), C(gpu_condition) or C(released); C(escalation) what
+    - C(kind) is a holder's kind (see RV(holders)), V(unlisted_memory) (memory used with no process
+      listed), V(pids_present), V(host_memory), V(gpu_condition) or V(released); C(escalation) what
       clears it; C(pids) the processes concerned.
   returned: always
   type: list
   elements: dict
   sample: [{kind: zombie, escalation: container_reboot, pids: [51234], why: "pid 51234 (python3) is a zombie orphaned ..."}]
+option_problems:
+  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was queried.
+  returned: when the options were refused
+  type: list
+  elements: dict
+  sample: [{"option": "poll_interval", "reason": "must be at least 0.01 and at most 3600 seconds, got 0"}]
+  contains:
+    option:
+      description: The option's name.
+      type: str
+    reason:
+      description: What is wrong with the value given.
+      type: str
 error_kind:
   description:
-    - Why a GPU query failed, when it did; C(not_installed), C(library_not_found), C(driver_not_loaded),
-      C(no_devices), C(version_mismatch), C(gpu_lost), C(reset_required), C(no_permission), C(hung) or
-      C(nvml_error).
+    - Why a GPU query failed, when it did; V(not_installed), V(library_not_found), V(driver_not_loaded),
+      V(no_devices), V(version_mismatch), V(gpu_lost), V(reset_required), V(no_permission), V(hung) or
+      V(nvml_error).
   returned: when a GPU query failed
   type: str
   sample: driver_not_loaded
 """
 
-import math
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import (
-    BoundsError,
-    check_poll_interval,
-    check_seconds,
-    check_timeout,
-)
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
-    ReleaseCondition,
-    wait_for_release,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     GpuQueryError,
     open_gpu_source,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
+    options_from_params,
+    wait_for_release,
+)
 
 
 def main() -> None:
@@ -331,79 +352,50 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    problem = _bad_option(params)
-    if problem:
-        module.fail_json(msg=problem)
-    condition = ReleaseCondition(
-        max_used_mib=params["max_used_mib"],
-        max_used_percent=params["max_used_percent"],
-        no_processes=params["no_processes"],
-        pids_gone=tuple(params["pids_gone"]),
-        min_host_available_gib=params["min_host_available_gib"],
-    )
+    try:
+        options = options_from_params(params)
+    except OptionsInvalid as exc:
+        module.fail_json(changed=False, released=False, **exc.as_result())
+    began = time.monotonic()
     source = None
     no_gpu = ""
+
     try:
         try:
-            source = open_gpu_source(params["backend"], params["nvidia_smi"], params["query_timeout"])
-            outcome = wait_for_release(source, params["devices"], condition, params["timeout"],
-                                       params["poll_interval"], params["proc_root"])
+            source = open_gpu_source(params["backend"], params["nvidia_smi"], options.query_timeout)
+            outcome = wait_for_release(source, list(options.devices), options.condition, options.timeout,
+                                       options.poll_interval, params["proc_root"])
         except GpuQueryError as exc:
             if params["gpus_required"] or not exc.means_no_gpu:
                 raise
             if source is not None:
                 source.close()
             source, no_gpu = None, str(exc)
-            outcome = wait_for_release(None, [], condition, params["timeout"], params["poll_interval"],
+            outcome = wait_for_release(None, [], options.condition, options.timeout, options.poll_interval,
                                        params["proc_root"])
     except GpuQueryError as exc:
-        module.fail_json(msg=f"GPU query failed: {exc}", error_kind=exc.kind, released=False,
-                         backend=source.backend if source is not None else "none")
-    except ValueError as exc:
-        module.fail_json(msg=str(exc), released=False)
+        module.fail_json(msg=f"GPU query failed: {exc}", error_kind=exc.kind, released=False, changed=False,
+                         backend=source.backend if source is not None else "none",
+                         elapsed=round(time.monotonic() - began, 3))
+    except BadOption as exc:
+        # Only a wait can tell that a GPU named in devices is not on this host.
+        module.fail_json(changed=False, released=False, **OptionsInvalid([exc]).as_result())
     except ProcfsError as exc:
-        module.fail_json(msg=f"proc_root: {exc}", released=False)
+        module.fail_json(msg=f"proc_root: {exc}", released=False, changed=False)
     finally:
         if source is not None:
             source.close()
 
     result = outcome.as_dict()
-    result.update(changed=False, backend=source.backend if source is not None else "none", gpu_present=not no_gpu)
+    result.update(changed=False, backend=source.backend if source is not None else "none", gpu_present=not no_gpu,
+                  elapsed=round(time.monotonic() - began, 3))
     if not outcome.released:
-        module.fail_json(msg=_timeout_message(result, params["timeout"]), **result)
+        module.fail_json(msg=_timeout_message(result, options.timeout), **result)
     if no_gpu:
         result["msg"] = f"no NVIDIA GPU on this host (gpus_required=false): {no_gpu}"
     else:
-        result["msg"] = f"released {result['released_mib']:g} MiB on {len(result['gpus'])} GPU(s) after {result['waited_s']:g}s"
+        result["msg"] = f"released {result['released_mib']:g} MiB on {len(result['gpus'])} GPU(s) after {result['elapsed']:g}s"
     module.exit_json(**result)
-
-
-def _bad_option(params: dict) -> str | None:
-    """A message naming the first option with a wrong value, or None."""
-    try:
-        check_timeout("timeout", params["timeout"])
-        check_poll_interval("poll_interval", params["poll_interval"])
-        check_seconds("query_timeout", params["query_timeout"], allow_minimum=False)
-    except BoundsError as exc:
-        return str(exc)
-    checks = [
-        ("max_used_mib", _finite_within(params["max_used_mib"], 0), "must be a finite number, 0 or more"),
-        ("max_used_percent", _finite_within(params["max_used_percent"], 0, 100), "must be between 0 and 100"),
-        ("min_host_available_gib", _finite_within(params["min_host_available_gib"], 0),
-         "must be a finite number, 0 or more"),
-        ("pids_gone", all(pid > 0 for pid in params["pids_gone"]), "process IDs must be positive integers"),
-        ("devices", all(str(d).strip() for d in params["devices"]), "entries must not be empty"),
-        ("nvidia_smi", bool(params["nvidia_smi"]), "must not be empty"),
-    ]
-    for option, ok, what in checks:
-        if not ok:
-            return f"{option}: {what}, got {params[option]!r}"
-    return None
-
-
-def _finite_within(value: float | None, minimum: float, maximum: float = math.inf) -> bool:
-    """True for an option not given, or a finite number from `minimum` to `maximum`."""
-    return value is None or (math.isfinite(value) and minimum <= value <= maximum)
 
 
 def _timeout_message(result: dict, timeout: float) -> str:

@@ -14,27 +14,32 @@ description:
     processes of the job, and the processes or threads holding GPU device files open.
   - Says what it takes to clear what was found, derived only from those facts, in the words
     M(gpuops.relaunch.zombie_reap) and M(gpuops.relaunch.gpu_mem_wait) use too (RV(ansible_facts.zombie_facts.escalation)).
-    C(none) means nothing of the job and nothing that blocks a relaunch; C(signals) means signals
-    and reaping clear everything found; C(container_reboot) means zombies are orphaned to PID 1 of
-    this namespace and PID 1 did not reap them within I(orphan_grace) seconds, so only a restart of
-    the container clears them; C(host_action) means a thread sleeps uninterruptibly in the GPU
+    V(none) means nothing of the job and nothing that blocks a relaunch; V(signals) means signals
+    and reaping clear everything found; V(container_reboot) means zombies are orphaned to PID 1 of
+    this namespace and PID 1 did not reap them within O(orphan_grace) seconds, so only a restart of
+    the container clears them; V(host_action) means a thread sleeps uninterruptibly in the GPU
     driver, which no signal and possibly no container restart clears.
   - Whether PID 1 reaps cannot be seen in one snapshot. When zombies are orphaned to PID 1, the
-    module watches them for up to I(orphan_grace) seconds and reports what it saw.
+    module watches them for up to O(orphan_grace) seconds and reports what it saw.
   - Never changes anything.
-  - Refuses a selection that names more than a job (see I(match) and I(allow_broad)) exactly as
+  - Every problem with the options is found before the process table is read and reported at once,
+    each naming its option (in RV(option_problems) too).
+  - Refuses a selection that names more than a job (see O(match) and O(allow_broad)) exactly as
     M(gpuops.relaunch.zombie_reap) does, so that the verdict on a job is never a verdict on the
     whole machine that zombie_reap would then refuse to act on. An empty selection is not refused;
     it looks at the whole table for zombies and D-state threads without a job.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.info_module
+  - gpuops.relaunch.attributes.platform
   - gpuops.relaunch.job_selection
 options:
   orphan_grace:
     description:
       - How long to watch zombies orphaned to PID 1 before concluding that PID 1 does not reap them.
-      - A reaping init takes an orphaned zombie within about 1.5 seconds. C(0) takes one look only.
+      - A reaping init takes an orphaned zombie within about 1.5 seconds. V(0) takes one look only.
       - Between 0 and 600 seconds; NaN and infinity are refused.
     type: float
     default: 2.0
@@ -51,15 +56,13 @@ options:
     type: bool
     default: false
 attributes:
-  check_mode:
-    description: Runs the same in check mode; it never changes anything.
-    support: full
-  diff_mode:
-    description: Has no diff to show.
-    support: none
   facts:
-    description: Returns C(ansible_facts.zombie_facts).
+    description: Returns RV(ansible_facts.zombie_facts).
     support: full
+  platform:
+    platforms: linux
+    details:
+      - Linux only (C(/proc)); the target, whose process table is read.
 notes:
   - Inside a container, GPU memory can be held by a process of another PID namespace (the host or
     another container); such a holder is invisible here. Use M(gpuops.relaunch.gpu_mem_wait) to see
@@ -104,8 +107,8 @@ ansible_facts:
           description:
             - Deprecated, use RV(ansible_facts.zombie_facts.escalation); kept with the words of earlier
               releases.
-            - C(clean) (escalation C(none)), C(reapable) (C(signals)), C(needs_reboot) (C(container_reboot))
-              or C(needs_host_action) (C(host_action)).
+            - V(clean) (escalation V(none)), V(reapable) (V(signals)), V(needs_reboot) (V(container_reboot))
+              or V(needs_host_action) (V(host_action)).
           type: str
           choices: [clean, reapable, needs_reboot, needs_host_action]
           sample: reapable
@@ -117,18 +120,18 @@ ansible_facts:
         findings:
           description:
             - The reasons with structured fields to decide on (never decide on the wording of C(why)).
-            - C(kind) is one of C(driver_sleep), C(unreaped_orphans), C(job_running), C(zombie_leaders),
-              C(zombies), C(uninterruptible), C(gpu_devices_open) or C(nothing); C(escalation) what
+            - C(kind) is one of V(driver_sleep), C(unreaped_orphans), V(job_running), V(zombie_leaders),
+              V(zombies), V(uninterruptible), V(gpu_devices_open) or V(nothing); C(escalation) what
               clears it; C(pids) the processes concerned.
           type: list
           elements: dict
           sample: [{kind: job_running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]
         zombies:
           description:
-            - Every zombie in the namespace. C(kind) is C(zombie_leader) when threads other than the
-              exited main thread still run, else C(zombie).
+            - Every zombie in the namespace. C(kind) is V(zombie_leader) when threads other than the
+              exited main thread still run, else V(zombie).
             - C(blocking) tells whether it stands in the way of a relaunch; C(unreaped_orphan) whether
-              it is orphaned to PID 1 and PID 1 did not reap it within I(orphan_grace).
+              it is orphaned to PID 1 and PID 1 did not reap it within O(orphan_grace).
           type: list
           elements: dict
           sample:
@@ -162,12 +165,12 @@ ansible_facts:
           elements: dict
           sample: [{pid: 612, comm: sshd, reason: "matches protected pattern '\\\\bsshd\\\\b'"}]
         gpu_holders:
-          description: Processes and threads with an open file matching I(gpu_device_glob).
+          description: Processes and threads with an open file matching O(gpu_device_glob).
           type: list
           elements: dict
           sample: [{pid: 4121, tid: 4121, comm: python3, state: S, device: /dev/nvidia0}]
         missing_pids:
-          description: Pids given in I(pids) that do not exist.
+          description: Pids given in O(pids) that do not exist.
           type: list
           elements: int
           sample: []
@@ -181,6 +184,19 @@ refused:
   type: list
   elements: str
   sample: ["match: '.*' matches the empty string, so it selects every process"]
+option_problems:
+  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was read.
+  returned: when the options were refused
+  type: list
+  elements: dict
+  sample: [{"option": "orphan_grace", "reason": "must be at least 0 and at most 600 seconds, got 601"}]
+  contains:
+    option:
+      description: The option's name.
+      type: str
+    reason:
+      description: What is wrong with the value given.
+      type: str
 job:
   description: What a refused selection would have selected.
   returned: when the selection is refused
@@ -189,26 +205,16 @@ job:
   sample: [{pid: 4121, starttime: 991200, comm: python3}]
 """
 
-import re
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import (
-    AssessmentOptions,
-    assess,
-)
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN, ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     JOB_SELECTION_SPEC,
     BroadSelectionError,
-    job_selection_from_params,
     refuse_broad_selection,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
-
-# A reaping init takes an orphan within about 1.5 s; ten minutes is more than any play should watch.
-MAX_ORPHAN_GRACE = 600.0
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import assess, options_from_params
 
 
 def main() -> None:
@@ -223,28 +229,16 @@ def main() -> None:
     )
     params = module.params
     try:
-        selector, protected = job_selection_from_params(params)
-        orphan_grace = check_timeout("orphan_grace", params["orphan_grace"], maximum=MAX_ORPHAN_GRACE)
-        try:
-            driver_wchan = re.compile(params["driver_wchan"])
-        except re.error as exc:
-            raise ValueError(f"driver_wchan: {params['driver_wchan']!r} is not a valid regular expression: {exc}") from exc
-        options = AssessmentOptions(
-            selector=selector,
-            protected=protected,
-            device_glob=params["gpu_device_glob"],
-            driver_wchan=driver_wchan,
-            orphan_grace=orphan_grace,
-            require_no_zombies=params["require_no_zombies"],
-        )
-        refuse_broad_selection(selector, protected, params["proc_root"])
+        options = options_from_params(params)
+    except OptionsInvalid as exc:
+        module.fail_json(changed=False, **exc.as_result())
+    try:
+        refuse_broad_selection(options.selector, options.protected, params["proc_root"])
         facts = assess(options, proc_root=params["proc_root"]).as_dict()
     except BroadSelectionError as exc:
-        module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job)
-    except ValueError as exc:
-        module.fail_json(msg=str(exc))
+        module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job, changed=False)
     except ProcfsError as exc:
-        module.fail_json(msg=f"proc_root: {exc}")
+        module.fail_json(msg=f"proc_root: {exc}", changed=False)
     module.exit_json(changed=False, ansible_facts={"zombie_facts": facts})
 
 

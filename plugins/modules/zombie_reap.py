@@ -9,66 +9,70 @@ module: zombie_reap
 short_description: End a training job's processes and clear its zombies with the least force that works
 version_added: 0.1.0
 description:
-  - Selects the job exactly as M(gpuops.relaunch.zombie_facts) does (I(match), I(pids),
-    I(include_descendants), I(protected)), computes a plan from one snapshot of the process table,
+  - Selects the job exactly as M(gpuops.relaunch.zombie_facts) does (O(match), O(pids),
+    O(include_descendants), O(protected)), computes a plan from one snapshot of the process table,
     and walks an escalation ladder, least force first. Every signal goes to a (pid, start time)
     identity the plan selected and returns in RV(plan).
-  - "Step 1: I(term_signal) to every live job process, process group by process group; each member
+  - "Step 1: O(term_signal) to every live job process, process group by process group; each member
     is signalled on its own, so a process group shared with processes outside the job is never
-    signalled as a whole. Then a wait of up to I(term_timeout) for them to exit."
+    signalled as a whole. Then a wait of up to O(term_timeout) for them to exit."
   - "Step 2: SIGKILL to a zombie leader of the job (state C(Zl): the main thread exited, other
     threads run on and hold the memory) at once, and to every job process still running after
-    I(term_timeout). Then a wait of up to I(kill_timeout) for them to exit or to show that they are
+    O(term_timeout). Then a wait of up to O(kill_timeout) for them to exit or to show that they are
     stuck in uninterruptible sleep (C(D))."
   - "Step 3: threads in C(D) hold a pending SIGKILL until they wake: a wait of up to
-    I(d_state_timeout) for them to end."
+    O(d_state_timeout) for them to end."
   - "Step 4: a job process left as a zombie is reaped by its parent. A parent outside the job gets
-    SIGCHLD (a parent with a SIGCHLD handler reaps then); then a wait of up to I(reap_timeout).
+    SIGCHLD (a parent with a SIGCHLD handler reaps then); then a wait of up to O(reap_timeout).
     Zombies orphaned to PID 1 are left to PID 1 for that time (a reaping init takes them within
     about 1.5 seconds)."
-  - "Step 5: only with I(reap_parents=true), a parent that still has not reaped is ended
-    (I(term_signal), I(term_timeout), SIGKILL) so that its zombies go to the subreaper or PID 1; then
-    another wait of up to I(reap_timeout)."
+  - "Step 5: only with O(reap_parents=true), a parent that still has not reaped is ended
+    (O(term_signal), O(term_timeout), SIGKILL) so that its zombies go to the subreaper or PID 1; then
+    another wait of up to O(reap_timeout)."
   - "Step 6: what is left is reported in RV(remaining) with RV(reasons) and RV(findings) naming the
     pids, and RV(escalation) says what would clear it, in the words M(gpuops.relaunch.zombie_facts)
-    and M(gpuops.relaunch.gpu_mem_wait) use too: C(container_reboot) for zombies orphaned to a PID 1
-    that does not reap (only a restart of the container clears them), C(host_action) for threads
-    still in C(D) after I(d_state_timeout) (with their wait channel) or a process that survives
+    and M(gpuops.relaunch.gpu_mem_wait) use too: V(container_reboot) for zombies orphaned to a PID 1
+    that does not reap (only a restart of the container clears them), V(host_action) for threads
+    still in C(D) after O(d_state_timeout) (with their wait channel) or a process that survives
     SIGKILL. A zombie whose live parent may not be ended holds only its pid and is reported with
-    escalation C(none)."
+    escalation V(none)."
   - "A selection that names more than a job is refused before anything is signalled, unless
-    I(allow_broad=true): a I(match) pattern that matches the empty string or the command line of
+    O(allow_broad=true): a O(match) pattern that matches the empty string or the command line of
     this module's process or of its ancestors (and so every python process, every other connection,
     every other worker of the Ansible controller), and a selection that takes in a process of
-    Ansible itself (see I(allow_broad)). The refusal names the option and the pattern, in check
+    Ansible itself (see O(allow_broad)). The refusal names the option and the pattern, in check
     mode too, and returns in RV(job) what the selection would have taken."
   - "Never signalled: PID 1 of the namespace, the process running this module and all its
-    ancestors (the Ansible connection), kernel threads, anything matching I(protected), and any
+    ancestors (the Ansible connection), kernel threads, anything matching O(protected), and any
     process that is neither the job nor the parent of a job process under the rules above. A
     broad pattern kill is impossible by construction: there is no signal to a process group and
     none to a pid the plan did not print."
   - Each signal first pins the process with a pidfd (C(pidfd_open), Linux 5.3+) and only then checks
     its start time, so a pid that was reused by another process after the snapshot is never
-    signalled (RV(actions) shows C(recycled)). Where pidfds are unavailable, the start time is
+    signalled (RV(actions) shows V(recycled)). Where pidfds are unavailable, the start time is
     re-read immediately before C(kill()).
+  - Every problem with the options is found before anything is read or signalled and reported at
+    once, each naming its option (in RV(option_problems) too).
   - Processes the job forks while it is being ended are found by a fresh look afterwards and get the
     same ladder (at most three rounds).
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.platform
   - gpuops.relaunch.job_selection
 options:
   term_signal:
     description:
-      - The polite signal of steps 1 and 5, for example C(SIGTERM), C(SIGINT) (many trainers save a
-        checkpoint on it) or C(SIGHUP). The C(SIG) prefix is optional; case does not matter.
-      - Signals that do not end a process (C(SIGSTOP), C(SIGCONT), C(SIGCHLD) and the like) are
+      - The polite signal of steps 1 and 5, for example V(SIGTERM), V(SIGINT) (many trainers save a
+        checkpoint on it) or V(SIGHUP). The C(SIG) prefix is optional; case does not matter.
+      - Signals that do not end a process (V(SIGSTOP), V(SIGCONT), V(SIGCHLD) and the like) are
         refused.
     type: str
     default: SIGTERM
   term_timeout:
     description:
-      - Seconds to wait after I(term_signal) before SIGKILL. Between 0 and 86400 (a day); NaN and infinity are refused.
+      - Seconds to wait after O(term_signal) before SIGKILL. Between 0 and 86400 (a day); NaN and infinity are refused.
     type: float
     default: 10.0
   kill_timeout:
@@ -93,7 +97,7 @@ options:
   reap_parents:
     description:
       - Whether a parent outside the job that does not reap a zombie of the job within
-        I(reap_timeout) may be ended (I(term_signal), I(term_timeout), SIGKILL) so that the subreaper or
+        O(reap_timeout) may be ended (O(term_signal), O(term_timeout), SIGKILL) so that the subreaper or
         PID 1 reaps the zombie. Protected processes, PID 1 and this module's ancestors are never
         ended, whatever this says.
       - Ending a parent also orphans its other children; they keep running.
@@ -101,26 +105,34 @@ options:
     default: false
   fail_on_escalation:
     description:
-      - Whether to fail when RV(escalation) is not C(none). The default lets the playbook decide
+      - Whether to fail when RV(escalation) is not V(none). The default lets the playbook decide
         (for example to reboot the container with M(gpuops.relaunch.proxmox_ct_reboot)).
     type: bool
     default: false
 attributes:
   check_mode:
-    description: Computes and returns the full plan; no signal is sent. C(changed) says whether the plan would signal anything.
     support: full
+    details:
+      - Makes the same option checks and the same refusal of a too broad selection as a real run (except
+        that O(proc_root) may be another namespace's), computes and returns the full RV(plan), and sends
+        no signal. C(changed) says whether the plan would signal anything.
   diff_mode:
-    description: Has no diff to show.
     support: none
+    details:
+      - Reports no diff; RV(plan), RV(actions) and RV(ended) say what would be or was signalled.
+  platform:
+    platforms: linux
+    details:
+      - Linux only (C(/proc), C(pidfd_open)); the target, in the PID namespace whose processes are ended.
 notes:
   - C(changed) is true only when a signal was sent and a process of the job (or a parent ended
-    under I(reap_parents)) went away (exited, or was reaped).
+    under O(reap_parents)) went away (exited, or was reaped).
   - A job whose selection matches nothing returns C(changed=false) with a message, so a second run
-    is a no-op. I(match) and I(pids) must not both be empty.
+    is a no-op. O(match) and O(pids) must not both be empty.
   - The check for a too broad selection takes its own look at the process table just before the
-    plan's; I(match) patterns are judged against the command lines of this module's process and
+    plan's; O(match) patterns are judged against the command lines of this module's process and
     its ancestors, which do not change in between.
-  - I(proc_root) must be the process table of the PID namespace the module runs in, except in check
+  - O(proc_root) must be the process table of the PID namespace the module runs in, except in check
     mode; run the module inside the container (for example over C(pct exec)) to act there.
 seealso:
   - module: gpuops.relaunch.zombie_facts
@@ -166,7 +178,7 @@ job:
 refused:
   description:
     - Why the selection was refused as too broad, each reason naming the option and the pattern.
-      Nothing was signalled. Set I(allow_broad=true) only if every process in RV(job) may be ended.
+      Nothing was signalled. Set O(allow_broad=true) only if every process in RV(job) may be ended.
   returned: when the selection is refused
   type: list
   elements: str
@@ -176,8 +188,8 @@ plan:
     - Every signal the ladder may send, in order, with its target identity, the condition under
       which it is sent (C(when)) and why. Conditional steps are skipped when their condition does
       not hold. C(round) is 2 or 3 for processes the job forked while being ended.
-    - C(stage) is one of C(terminate), C(kill_leader), C(kill), C(notify_parent), C(end_parent),
-      C(end_parent_kill).
+    - C(stage) is one of V(terminate), V(kill_leader), V(kill), V(notify_parent), V(end_parent),
+      V(end_parent_kill).
   returned: always
   type: list
   elements: dict
@@ -197,16 +209,16 @@ protected:
   elements: dict
   sample: [{pid: 612, comm: sshd, reason: "parent of the job's pid 4121, but matches protected pattern '\\\\bsshd\\\\b'"}]
 missing_pids:
-  description: Pids given in I(pids) that do not exist.
+  description: Pids given in O(pids) that do not exist.
   returned: always
   type: list
   elements: int
   sample: []
 actions:
   description:
-    - The signals actually tried (none in check mode), with C(result) C(sent), C(gone) (it had
-      exited), C(recycled) (its pid now belongs to another process, which is not signalled), C(denied) or
-      C(refused), and C(elapsed) seconds since the ladder started.
+    - The signals actually tried (none in check mode), with C(result) V(sent), V(gone) (it had
+      exited), V(recycled) (its pid now belongs to another process, which is not signalled), V(denied) or
+      V(refused), and C(elapsed) seconds since the ladder started.
   returned: always
   type: list
   elements: dict
@@ -217,16 +229,16 @@ signals_sent:
   type: int
   sample: 7
 ended:
-  description: Processes of the job (and parents ended under I(reap_parents)) whose state changed; C(was) and C(now) are C(running), C(zombie) or C(gone).
+  description: Processes of the job (and parents ended under O(reap_parents)) whose state changed; C(was) and C(now) are V(running), V(zombie) or V(gone).
   returned: always
   type: list
   elements: dict
   sample: [{pid: 4121, starttime: 991200, comm: python3, was: running, now: gone}]
 remaining:
   description:
-    - What the ladder could not clear, with C(state) (C(D), C(running) or C(Z)), C(kind)
-      (C(uninterruptible), C(permission_denied), C(survived_kill), C(not_signalled), C(unreaped_orphan)
-      or C(unreaped_zombie)), the C(escalation) that would clear it and a C(reason). Entries for
+    - What the ladder could not clear, with C(state) (C(D), V(running) or C(Z)), C(kind)
+      (V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled), V(unreaped_orphan)
+      or V(unreaped_zombie)), the C(escalation) that would clear it and a C(reason). Entries for
       processes still running name the GPU device files they hold in C(devices).
   returned: always
   type: list
@@ -238,8 +250,8 @@ escalation:
   description:
     - What it takes to clear what is left, in the collection's one vocabulary, least force first
       (see the README's verdict table).
-    - C(none) (nothing left that needs more), C(container_reboot) (only a restart of the container
-      clears what is left) or C(host_action) (not even that may help). C(signals) is a word of the
+    - V(none) (nothing left that needs more), V(container_reboot) (only a restart of the container
+      clears what is left) or V(host_action) (not even that may help). V(signals) is a word of the
       same vocabulary that this module does not return (it has just sent them).
   returned: always
   type: str
@@ -254,13 +266,26 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is one of C(uninterruptible), C(permission_denied), C(survived_kill), C(not_signalled),
-      C(unreaped_orphans), C(unreaped_zombie) or C(holds_device); C(escalation) what clears it;
+    - C(kind) is one of V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
+      V(unreaped_orphans), V(unreaped_zombie) or V(holds_device); C(escalation) what clears it;
       C(pids) the processes concerned.
   returned: always
   type: list
   elements: dict
   sample: [{kind: unreaped_orphans, escalation: container_reboot, pids: [7, 9], why: "zombies 7, 9 are orphaned to PID 1 ..."}]
+option_problems:
+  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was signalled.
+  returned: when the options were refused
+  type: list
+  elements: dict
+  sample: [{"option": "term_signal", "reason": "SIGSTOP does not end a process (use e.g. SIGTERM, SIGINT, SIGHUP)"}]
+  contains:
+    option:
+      description: The option's name.
+      type: str
+    reason:
+      description: What is wrong with the value given.
+      type: str
 elapsed:
   description: Seconds the module spent planning and walking the ladder.
   returned: always
@@ -270,23 +295,18 @@ elapsed:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     JOB_SELECTION_SPEC,
     BroadSelectionError,
-    job_selection_from_params,
     refuse_broad_selection,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
-    check_own_namespace,
+    options_from_params,
     reap_job,
     summary,
-)
-from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import (
-    ReapOptions,
-    check_timeout,
-    parse_term_signal,
 )
 
 
@@ -306,30 +326,19 @@ def main() -> None:
     )
     params = module.params
     try:
-        selector, protected = job_selection_from_params(params)
-        if selector.is_empty:
-            raise ValueError("match, pids: both are empty; name the job with a pattern or a pid (zombie_reap never acts on everything)")
-        options = ReapOptions(
-            term_signal=parse_term_signal(params["term_signal"]),
-            term_timeout=check_timeout(params["term_timeout"], "term_timeout"),
-            kill_timeout=check_timeout(params["kill_timeout"], "kill_timeout"),
-            reap_timeout=check_timeout(params["reap_timeout"], "reap_timeout"),
-            d_state_timeout=check_timeout(params["d_state_timeout"], "d_state_timeout"),
-            reap_parents=params["reap_parents"],
-        )
-        if not module.check_mode:
-            check_own_namespace(params["proc_root"])
+        selector, protected, options = options_from_params(params, module.check_mode)
+    except OptionsInvalid as exc:
+        module.fail_json(changed=False, **exc.as_result())
+    try:
         refuse_broad_selection(selector, protected, params["proc_root"])
         result = reap_job(
             selector, protected, options,
             proc_root=params["proc_root"], device_glob=params["gpu_device_glob"], check_mode=module.check_mode,
         )
     except BroadSelectionError as exc:
-        module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job, plan=[], actions=[], signals_sent=0)
-    except ValueError as exc:
-        module.fail_json(msg=str(exc))
+        module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job, plan=[], actions=[], signals_sent=0, changed=False)
     except ProcfsError as exc:
-        module.fail_json(msg=f"proc_root: {exc}")
+        module.fail_json(msg=f"proc_root: {exc}", changed=False)
     except OSError as exc:
         module.fail_json(msg=f"signalling failed: {exc}")
     report = result.as_dict()

@@ -77,7 +77,7 @@ class Target:
             "ready_regex": "^step 1 ",
             "min_uptime": 0.5,
             "startup_timeout": 20,
-            "stop_timeout": 5,
+            "term_timeout": 5,
         }
         args.update(options)
         return {"name": task_name, "gpuops.relaunch.train_launch": args}

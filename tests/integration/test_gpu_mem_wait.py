@@ -106,6 +106,8 @@ def test_release_after_a_real_holder_is_killed(reaper: Reaper, gpu: SimGpu) -> N
     assert gpu1["processes"] == []
     assert result["released_mib"] == 8192
     assert result["polls"] >= 2
+    # elapsed is the collection's name for the seconds the task took; waited_s (deprecated) is part of it.
+    assert result["elapsed"] >= result["waited_s"] > 0 and f"after {result['elapsed']:g}s" in result["msg"]
     assert result["escalation"] == "none" and result["holders"] == []
     assert result["verdict"] == "released"  # deprecated, the old word
     # GPU 0 still has its live holder: selecting it (by UUID) times out naming that process.
@@ -294,7 +296,15 @@ def test_driver_errors_and_bad_options_fail_clearly(tmp_path: Path) -> None:
     }
     for name, (args, _words) in bad_options.items():
         tasks.append(wait_task({"timeout": 5, **args}, ok.env(), name))
+    everything = {"timeout": "nan", "poll_interval": 0, "max_used_percent": 150, "pids_gone": [-3], "nvidia_smi": ""}
+    tasks.append(wait_task(everything, ok.env(), "every problem at once"))
     run = run_playbook(local_play(tasks), timeout=300)
+    at_once = run.result("every problem at once")
+    assert at_once["failed"] is True and "polls" not in at_once and "elapsed" not in at_once
+    assert [p["option"] for p in at_once["option_problems"]] == [
+        "timeout", "poll_interval", "max_used_percent", "pids_gone", "nvidia_smi"]
+    unknown = run.result("unknown device")
+    assert unknown["option_problems"] == [{"option": "devices", "reason": unknown["msg"].split(": ", 1)[1]}]
     for name, (_call, _error, kind, words) in faults.items():
         result = run.result(name)
         assert result["failed"] is True and result["error_kind"] == kind, (name, result)

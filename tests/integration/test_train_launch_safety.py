@@ -240,8 +240,8 @@ def test_a_new_log_path_restarts_the_job(local: Target) -> None:
 ])
 def test_numbers_that_never_end_are_refused(local: Target, option: str, value, named: str) -> None:
     task = local.launch_task(**{option: value})
-    if option == "term_timeout":
-        del task["gpuops.relaunch.train_launch"]["stop_timeout"]  # the harness gives the alias, which would win
+    if option == "stop_timeout":
+        del task["gpuops.relaunch.train_launch"]["term_timeout"]  # the harness gives the option, which would win
     result = local.play([task], timeout=60).result("launch")
     assert result["failed"] is True and result["msg"].startswith(f"{named}: ")
     assert [problem["option"] for problem in result["option_problems"]] == [named]
@@ -250,7 +250,6 @@ def test_numbers_that_never_end_are_refused(local: Target, option: str, value, n
 
 def test_every_bad_option_is_reported_in_one_failure(local: Target) -> None:
     task = local.launch_task(term_timeout="{{ 'nan' | float }}", keep_logs=0, ready_regex="(")
-    del task["gpuops.relaunch.train_launch"]["stop_timeout"]
     result = local.play([task], timeout=60).result("launch")
     assert result["failed"] is True and result.get("changed") is False
     assert [problem["option"] for problem in result["option_problems"]] == ["ready_regex", "term_timeout", "keep_logs"]

@@ -212,3 +212,11 @@ def test_bad_input_fails_clearly(local_inventory, args, message):
     assert result["failed"] is True
     assert message in result["msg"]
     assert "Traceback" not in result.get("module_stderr", "") and "Traceback" not in result["msg"]
+
+
+def test_every_bad_option_is_reported_in_one_failure(local_inventory):
+    args = {"match": ["("], "protected": ["[z-a]"], "pids": [-3], "orphan_grace": "nan", "driver_wchan": "(("}
+    result = run_playbook(facts_play(args), inventory=local_inventory).result(TASK)
+    assert result["failed"] is True and "ansible_facts" not in result
+    assert [p["option"] for p in result["option_problems"]] == ["pids", "match", "protected", "orphan_grace", "driver_wchan"]
+    assert result["msg"].startswith("pids: process IDs must be positive integers, got [-3]; match: '(' is not a valid")

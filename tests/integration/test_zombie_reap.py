@@ -303,7 +303,7 @@ BAD_INPUT = [
     ("bad match regex", {"match": ["train(.py"]}, "match: 'train(.py' is not a valid regular expression"),
     ("bad protected regex", {"protected": ["[sshd"]}, "protected: '[sshd' is not a valid regular expression"),
     ("non-positive pid", {"pids": [0]}, "pids: process IDs must be positive integers"),
-    ("empty selection", {"match": [], "pids": []}, "match, pids: both are empty"),
+    ("empty selection", {"match": [], "pids": []}, "match: is empty, and so is pids"),
     ("foreign proc root", {"proc_root": "/nonexistent"}, "proc_root: /nonexistent is not the process table"),
 ]
 
@@ -315,7 +315,15 @@ def test_bad_input_fails_clearly_and_signals_nothing(reaper, local_inventory):
     match = [tag.replace(".", r"\.")]
     tasks = [reap_task(name, dict({"match": match}, **args), ignore_errors=True) for name, args, _message in BAD_INPUT]
     tasks.append(reap_task("pids that do not exist", {"pids": [2**22 + 17, 2**22 + 19]}))
+    everything = {"match": ["train(.py"], "protected": ["[sshd"], "pids": [0], "term_signal": "STOP",
+                  "term_timeout": -1, "kill_timeout": "nan", "proc_root": "/nonexistent"}
+    tasks.append(reap_task("every problem at once", everything, ignore_errors=True))
     run = run_playbook(play(tasks), inventory=local_inventory)
+    at_once = run.result("every problem at once")
+    assert at_once.get("failed") is True and at_once.get("changed") is False and "plan" not in at_once
+    assert [p["option"] for p in at_once["option_problems"]] == [
+        "pids", "match", "protected", "term_signal", "term_timeout", "kill_timeout", "proc_root"]
+    assert all(f"{p['option']}: {p['reason']}" in at_once["msg"] for p in at_once["option_problems"])
     for name, _args, message in BAD_INPUT:
         res = run.result(name)
         assert res.get("failed") is True, (name, res)

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Pattern
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+
 PF_KTHREAD = 0x00200000
 # The wchan of a thread asleep in the NVIDIA driver (uvm_*, nv_*, os_*): where only the host helps.
 DEFAULT_DRIVER_WCHAN = r"^(uvm_|nv_|nvidia|os_|_nv)"
@@ -332,13 +334,16 @@ def _open_devices(fd_dir: str, device_glob: str) -> list[str]:
 
 
 def compile_patterns(patterns: Iterable[str], option: str) -> list[Pattern[str]]:
-    """Compile user regexes; a bad one raises ValueError naming the option and the pattern."""
+    """Compile user regexes; BadOption names the option and every pattern that does not compile."""
     compiled: list[Pattern[str]] = []
+    bad: list[str] = []
     for pattern in patterns:
         try:
             compiled.append(re.compile(pattern))
         except re.error as exc:
-            raise ValueError(f"{option}: {pattern!r} is not a valid regular expression: {exc}") from exc
+            bad.append(f"{pattern!r} is not a valid regular expression: {exc}")
+    if bad:
+        raise BadOption(option, "; ".join(bad))
     return compiled
 
 

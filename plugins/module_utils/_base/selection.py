@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Pattern
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
     Process,
     ProcessTable,
@@ -269,18 +270,32 @@ class BroadSelectionError(ValueError):
         self.job = job
 
 
-def job_selection_from_params(params: Mapping[str, Any]) -> tuple[JobSelector, tuple[Pattern[str], ...]]:
-    """The selector and protected patterns; ValueError names the option that is wrong."""
-    bad_pids = [pid for pid in params["pids"] if pid <= 0]
-    if bad_pids:
-        raise ValueError(f"pids: process IDs must be positive integers, got {bad_pids}")
+def job_selection_from_params(
+    params: Mapping[str, Any], checks: OptionChecks | None = None,
+) -> tuple[JobSelector, tuple[Pattern[str], ...]]:
+    """The selector and the protected patterns.
+
+    Each wrong option is noted in `checks` and left out of what is returned, so act on the result
+    only after ``checks.raise_if_any()``. Without `checks`, OptionsInvalid lists every problem.
+    """
+    own = checks is None
+    checks = OptionChecks() if checks is None else checks
+    pids = checks.check(_positive_pids, "pids", params["pids"])
     if not params["gpu_device_glob"]:
-        raise ValueError("gpu_device_glob: must not be empty")
-    selector = JobSelector.from_options(
-        params["match"], params["pids"], params["include_descendants"], params["allow_broad"],
-    )
-    protected = tuple(compile_patterns(params["protected"], "protected"))
-    return selector, protected
+        checks.add("gpu_device_glob", "must not be empty")
+    match = checks.check(compile_patterns, params["match"], "match")
+    protected = checks.check(compile_patterns, params["protected"], "protected")
+    if own:
+        checks.raise_if_any()
+    selector = JobSelector(tuple(match or ()), tuple(pids or ()), params["include_descendants"], params["allow_broad"])
+    return selector, tuple(protected or ())
+
+
+def _positive_pids(option: str, pids: Iterable[int]) -> tuple[int, ...]:
+    bad = [pid for pid in pids if pid <= 0]
+    if bad:
+        raise BadOption(option, f"process IDs must be positive integers, got {bad}")
+    return tuple(pids)
 
 
 def own_pid_in(proc_root: str) -> int:

@@ -18,13 +18,19 @@ signals and reaping, only a container restart, or only the host. The words of ea
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_poll_interval, check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import (
+    check_poll_interval,
+    check_seconds,
+    check_timeout,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     MIB,
     GpuDevice,
@@ -78,6 +84,56 @@ class ReleaseCondition:
         return self.max_used_mib
 
 
+@dataclass(frozen=True)
+class WaitOptions:
+    """gpu_mem_wait's options, checked."""
+
+    condition: ReleaseCondition
+    devices: tuple[str, ...] = ()
+    timeout: float = 300.0
+    poll_interval: float = 0.5
+    query_timeout: float = 30.0
+
+
+def options_from_params(params: Mapping[str, Any]) -> WaitOptions:
+    """gpu_mem_wait's options, checked; OptionsInvalid lists every problem."""
+    checks = OptionChecks()
+    timeout = checks.check(check_timeout, "timeout", params["timeout"])
+    poll_interval = checks.check(check_poll_interval, "poll_interval", params["poll_interval"])
+    query_timeout = checks.check(check_seconds, "query_timeout", params["query_timeout"], allow_minimum=False)
+    checks.check(_finite_within, "max_used_mib", params["max_used_mib"], 0, reason="must be a finite number, 0 or more")
+    checks.check(_finite_within, "max_used_percent", params["max_used_percent"], 0, 100, reason="must be between 0 and 100")
+    checks.check(_finite_within, "min_host_available_gib", params["min_host_available_gib"], 0,
+                 reason="must be a finite number, 0 or more")
+    if not all(pid > 0 for pid in params["pids_gone"]):
+        checks.add("pids_gone", f"process IDs must be positive integers, got {params['pids_gone']!r}")
+    if not all(str(device).strip() for device in params["devices"]):
+        checks.add("devices", f"entries must not be empty, got {params['devices']!r}")
+    if not params["nvidia_smi"]:
+        checks.add("nvidia_smi", f"must not be empty, got {params['nvidia_smi']!r}")
+    checks.raise_if_any()
+    return WaitOptions(
+        condition=ReleaseCondition(
+            max_used_mib=params["max_used_mib"],
+            max_used_percent=params["max_used_percent"],
+            no_processes=params["no_processes"],
+            pids_gone=tuple(params["pids_gone"]),
+            min_host_available_gib=params["min_host_available_gib"],
+        ),
+        devices=tuple(str(device) for device in params["devices"]),
+        timeout=float(timeout or 0.0),
+        poll_interval=float(poll_interval or 0.0),
+        query_timeout=float(query_timeout or 0.0),
+    )
+
+
+def _finite_within(option: str, value: float | None, minimum: float, maximum: float = math.inf, *, reason: str) -> float | None:
+    """`value` if it is not given or a finite number from `minimum` to `maximum`; BadOption otherwise."""
+    if value is None or (math.isfinite(value) and minimum <= value <= maximum):
+        return value
+    raise BadOption(option, f"{reason}, got {value!r}")
+
+
 def unmet_on_device(device: GpuDevice, condition: ReleaseCondition) -> list[str]:
     """What still keeps `device` from counting as released (empty: released)."""
     unmet = _memory_unmet(device, condition)
@@ -98,7 +154,7 @@ def _memory_unmet(device: GpuDevice, condition: ReleaseCondition) -> list[str]:
 
 
 def resolve_devices(devices: list[GpuDevice], wanted: list[str]) -> list[int]:
-    """Indices of the GPUs named by index or UUID (all when `wanted` is empty); ValueError names the option."""
+    """Indices of the GPUs named by index or UUID (all when `wanted` is empty); BadOption names the option."""
     if not wanted:
         return [d.index for d in devices]
     by_uuid = {d.uuid.lower(): d.index for d in devices}
@@ -114,7 +170,7 @@ def resolve_devices(devices: list[GpuDevice], wanted: list[str]) -> list[int]:
             chosen.append(index)
     if unknown:
         present = ", ".join(f"{d.index} ({d.uuid})" for d in devices) or "none"
-        raise ValueError(f"devices: no GPU {', '.join(unknown)} on this host; present: {present}")
+        raise BadOption("devices", f"no GPU {', '.join(unknown)} on this host; present: {present}")
     return chosen
 
 
@@ -233,7 +289,7 @@ def wait_for_release(
     """Poll until `condition` holds for the `wanted` GPUs (all when empty) or `timeout` passes.
 
     `source` None means "no GPU here": only the host and pid conditions are waited for.
-    Raises ValueError when `wanted` names a GPU that is not there or `timeout` or `poll_interval` is
+    Raises BadOption when `wanted` names a GPU that is not there or `timeout` or `poll_interval` is
     out of bounds (NaN, infinite, more than a day, a poll interval under 10 ms), GpuQueryError when a
     query fails.
     """

@@ -143,8 +143,9 @@ def read_json(path: str) -> dict | None:
         return None
 
 
+# Its own copy of the (pid, starttime) identity check of _base/signal_gate: the supervisor must stay standard-library only and run alone.
 def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
-    """Field 22 of /proc/PID/stat. The supervisor runs alone, so it cannot import procfs."""
+    """Field 22 of /proc/PID/stat."""
     try:
         with open("%s/%d/stat" % (proc_root, pid), "rb") as handle:
             raw = handle.read()

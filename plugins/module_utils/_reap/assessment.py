@@ -22,8 +22,10 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Pattern
+from typing import Any, Callable, ClassVar, Mapping, Pattern
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import poll_until
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
     DEFAULT_DRIVER_WCHAN,
@@ -41,6 +43,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     NAMESPACE_INIT_PID,
     JobSelector,
     Protection,
+    job_selection_from_params,
 )
 
 # The deprecated `verdict` words of zombie_facts, one per escalation (a name, not a ranking).
@@ -51,6 +54,8 @@ LEGACY_VERDICT = {
     Escalation.HOST_ACTION: "needs_host_action",
 }
 ORPHAN_POLL_INTERVAL = 0.1
+# A reaping init takes an orphan within about 1.5 s; ten minutes is more than any play should watch.
+MAX_ORPHAN_GRACE = 600.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,30 @@ class AssessmentOptions:
     driver_wchan: Pattern[str] = re.compile(DEFAULT_DRIVER_WCHAN)
     orphan_grace: float = 2.0
     require_no_zombies: bool = False
+
+
+def options_from_params(params: Mapping[str, Any]) -> AssessmentOptions:
+    """zombie_facts' options, checked; OptionsInvalid lists every problem."""
+    checks = OptionChecks()
+    selector, protected = job_selection_from_params(params, checks)
+    orphan_grace = checks.check(check_timeout, "orphan_grace", params["orphan_grace"], maximum=MAX_ORPHAN_GRACE)
+    driver_wchan = checks.check(_wchan_pattern, params["driver_wchan"])
+    checks.raise_if_any()
+    return AssessmentOptions(
+        selector=selector,
+        protected=protected,
+        device_glob=params["gpu_device_glob"],
+        driver_wchan=driver_wchan or re.compile(DEFAULT_DRIVER_WCHAN),
+        orphan_grace=float(orphan_grace or 0.0),
+        require_no_zombies=params["require_no_zombies"],
+    )
+
+
+def _wchan_pattern(pattern: str) -> Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise BadOption("driver_wchan", f"{pattern!r} is not a valid regular expression: {exc}") from None
 
 
 @dataclass

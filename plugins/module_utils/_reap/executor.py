@@ -16,9 +16,13 @@ vocabulary (:mod:`.verdict`): ``container_reboot`` when only a restart of the co
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Pattern
+from typing import Any, Callable, Iterable, Mapping, Pattern
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import poll_until
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
@@ -36,12 +40,14 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import 
     ReapOptions,
     ReapPlan,
     Step,
+    parse_term_signal,
     plan_reap,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     NAMESPACE_INIT_PID,
     JobSelector,
     Protection,
+    job_selection_from_params,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
@@ -381,16 +387,47 @@ def _unique(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def check_own_namespace(proc_root: str) -> None:
-    """Signals go to pids of this process's namespace: refuse a /proc of another one."""
+    """Signals go to pids of this process's namespace: refuse a /proc of another one (BadOption)."""
     try:
         seen_as = os.readlink(os.path.join(proc_root, "self"))
     except OSError:
         seen_as = ""
     if seen_as != str(os.getpid()):
-        raise ValueError(
-            f"proc_root: {proc_root} is not the process table of the PID namespace this module runs in, so its "
-            f"pids cannot be signalled safely (use it in check mode only, or run the module inside that namespace)"
+        raise BadOption(
+            "proc_root",
+            f"{proc_root} is not the process table of the PID namespace this module runs in, so its "
+            f"pids cannot be signalled safely (use it in check mode only, or run the module inside that namespace)",
         )
+
+
+def options_from_params(
+    params: Mapping[str, Any], check_mode: bool = False,
+) -> tuple[JobSelector, tuple[Pattern[str], ...], ReapOptions]:
+    """zombie_reap's selection, protected patterns and ladder options; OptionsInvalid lists every problem.
+
+    Outside check mode, `proc_root` must be this process's own PID namespace (it is signalled).
+    """
+    checks = OptionChecks()
+    selector, protected = job_selection_from_params(params, checks)
+    if selector.is_empty and not checks.failed("match", "pids"):
+        checks.add("match", "is empty, and so is pids; name the job with a pattern or a pid (zombie_reap never acts on everything)")
+    term_signal = checks.check(parse_term_signal, params["term_signal"])
+    timeouts = {
+        option: checks.check(check_timeout, option, params[option])
+        for option in ("term_timeout", "kill_timeout", "reap_timeout", "d_state_timeout")
+    }
+    if not check_mode:
+        checks.check(check_own_namespace, params["proc_root"])
+    checks.raise_if_any()
+    options = ReapOptions(
+        term_signal=term_signal or signal.SIGTERM,
+        term_timeout=float(timeouts["term_timeout"] or 0.0),
+        kill_timeout=float(timeouts["kill_timeout"] or 0.0),
+        reap_timeout=float(timeouts["reap_timeout"] or 0.0),
+        d_state_timeout=float(timeouts["d_state_timeout"] or 0.0),
+        reap_parents=params["reap_parents"],
+    )
+    return selector, protected, options
 
 
 def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pattern[str], ...]) -> tuple[ProcessTable, Protection, set[int]]:

@@ -31,7 +31,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base import bounds
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     NAMESPACE_INIT_PID,
@@ -57,22 +57,17 @@ _NOT_ENDING = {
 
 
 def parse_term_signal(name: str, option: str = "term_signal") -> signal.Signals:
-    """A signal name (``SIGTERM``, ``TERM``, ``sigint``) that ends a process; ValueError otherwise."""
+    """A signal name (``SIGTERM``, ``TERM``, ``sigint``) that ends a process; BadOption otherwise."""
     text = str(name).strip().upper()
     if not text.startswith("SIG"):
         text = "SIG" + text
     try:
         sig = signal.Signals[text]
     except KeyError:
-        raise ValueError(f"{option}: {name!r} is not a signal name (use e.g. SIGTERM, SIGINT, SIGHUP)") from None
+        raise BadOption(option, f"{name!r} is not a signal name (use e.g. SIGTERM, SIGINT, SIGHUP)") from None
     if sig in _NOT_ENDING:
-        raise ValueError(f"{option}: {sig.name} does not end a process (use e.g. SIGTERM, SIGINT, SIGHUP)")
+        raise BadOption(option, f"{sig.name} does not end a process (use e.g. SIGTERM, SIGINT, SIGHUP)")
     return sig
-
-
-def check_timeout(value: float, option: str) -> float:
-    """`value` seconds if it is finite and between 0 and a day; ValueError (BoundsError) naming `option` otherwise."""
-    return bounds.check_timeout(option, value)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     compile_patterns,
     parse_stat,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     Identity,
     ProcessControl,
@@ -151,9 +152,10 @@ def test_format_pids_sorts():
     assert format_pids([]) == ""
 
 
-def test_compile_patterns_names_option_and_pattern():
-    with pytest.raises(ValueError, match=r"match: '\(' is not a valid regular expression"):
-        compile_patterns(["ok", "("], "match")
+def test_compile_patterns_names_option_and_every_bad_pattern():
+    with pytest.raises(BadOption, match=r"match: '\(' is not a valid regular expression") as caught:
+        compile_patterns(["ok", "(", "[z-a]"], "match")
+    assert caught.value.option == "match" and "'[z-a]' is not a valid regular expression" in caught.value.reason
 
 
 def test_scan_of_real_proc_finds_itself():

@@ -18,6 +18,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     own_pid_in,
     refuse_broad_selection,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     DEFAULT_PROTECTED,
@@ -291,3 +292,28 @@ def test_a_long_list_of_reasons_is_cut_in_the_message_but_kept_whole():
 
 def test_own_pid_in_a_foreign_root_is_none(tmp_path):
     assert own_pid_in(str(tmp_path)) == 0
+
+
+def test_every_selection_problem_is_noted_at_once_and_nothing_else():
+    checks = OptionChecks()
+    job_selection_from_params(params(match=["ok", "(", "["], pids=[0, 5, -2], protected=["[z-a]"], gpu_device_glob=""), checks)
+    found = {problem.option: problem.reason for problem in checks.problems}
+    assert list(found) == ["pids", "gpu_device_glob", "match", "protected"]
+    assert found["pids"] == "process IDs must be positive integers, got [0, -2]"
+    # every bad pattern of one option, in one reason
+    assert "'(' is not a valid regular expression" in found["match"] and "'[' is not a valid" in found["match"]
+    with pytest.raises(OptionsInvalid) as caught:
+        job_selection_from_params(params(match=["("], pids=[-1]))
+    assert caught.value.options == ["pids", "match"]
+
+
+def test_an_internal_error_in_the_selection_is_not_a_bad_option(monkeypatch):
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import selection
+
+    def broken(*_args):
+        raise ValueError("a bug, not the user's pattern")
+
+    monkeypatch.setattr(selection, "compile_patterns", broken)
+    with pytest.raises(ValueError, match="a bug") as caught:
+        job_selection_from_params(params(match=["ok"]), OptionChecks())
+    assert not isinstance(caught.value, BadOption)

@@ -14,12 +14,14 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
     describe_holders,
     host_available_bytes,
     judge,
+    options_from_params,
     resolve_devices,
     sees_host_pids,
     unmet_on_device,
     wait_for_release,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuProcess
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from tests.harness.clock import FakeClock
@@ -248,3 +250,53 @@ def test_wait_refuses_unbounded_seconds_before_any_query(proc, timeout, poll_int
                          proc_root=str(proc.root), clock=clock, sleep=clock.sleep)
     assert str(caught.value) == words
     assert source.asked == [] and clock.sleeps == []
+
+
+# --- gpu_mem_wait's options ----------------------------------------------------------------------
+
+def wait_params(**overrides):
+    values = {
+        "devices": [], "max_used_mib": None, "max_used_percent": None, "no_processes": False, "pids_gone": [],
+        "min_host_available_gib": None, "timeout": 300.0, "poll_interval": 0.5, "query_timeout": 30.0,
+        "gpus_required": True, "backend": "auto", "nvidia_smi": "nvidia-smi", "proc_root": "/proc",
+    }
+    values.update(overrides)
+    return values
+
+
+def test_every_bad_option_is_reported_at_once():
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(wait_params(
+            timeout=float("nan"), poll_interval=0, query_timeout=0, max_used_mib=float("inf"), max_used_percent=150,
+            min_host_available_gib=-1, pids_gone=[5, -3], devices=["0", " "], nvidia_smi="",
+        ))
+    assert caught.value.options == ["timeout", "poll_interval", "query_timeout", "max_used_mib", "max_used_percent",
+                                    "min_host_available_gib", "pids_gone", "devices", "nvidia_smi"]
+    msg = caught.value.as_result()["msg"]
+    assert "max_used_mib: must be a finite number, 0 or more, got inf" in msg
+    assert "max_used_percent: must be between 0 and 100, got 150" in msg
+    assert "query_timeout: must be more than 0" in msg
+
+
+def test_good_options_become_the_condition_and_the_waits():
+    options = options_from_params(wait_params(max_used_percent=5, pids_gone=[7], devices=["1"], timeout=0))
+    assert options.condition == ReleaseCondition(max_used_percent=5, pids_gone=(7,))
+    assert options.devices == ("1",) and options.timeout == 0.0 and options.query_timeout == 30.0
+
+
+def test_an_internal_error_is_not_reported_as_a_bad_option(monkeypatch):
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import wait
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("a bug, not the user's number")
+
+    monkeypatch.setattr(wait, "check_poll_interval", broken)
+    with pytest.raises(ValueError, match="a bug") as caught:
+        options_from_params(wait_params())
+    assert not isinstance(caught.value, (BadOption, OptionsInvalid))
+
+
+def test_an_unknown_device_is_a_bad_option():
+    with pytest.raises(BadOption, match="devices: no GPU 7 on this host") as caught:
+        resolve_devices([device(0)], ["7"])
+    assert caught.value.option == "devices"

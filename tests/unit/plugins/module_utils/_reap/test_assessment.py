@@ -13,8 +13,11 @@ import pytest
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import (
     AssessmentOptions,
     assess,
+    options_from_params,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JobSelector
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC, JobSelector
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from tests.harness.clock import FakeClock
 from tests.harness.fakeproc import FakeProc
@@ -151,3 +154,39 @@ def test_missing_pids_are_reported(proc):
     result, _clock = run(proc.root, pids=[4242])
     assert result.missing_pids == [4242]
     assert result.escalation == Escalation.NONE
+
+
+# --- zombie_facts' options -----------------------------------------------------------------------
+
+def facts_params(**overrides):
+    values = {name: spec.get("default") for name, spec in JOB_SELECTION_SPEC.items()}
+    values.update(orphan_grace=2.0, driver_wchan=DEFAULT_DRIVER_WCHAN, require_no_zombies=False)
+    values.update(overrides)
+    return values
+
+
+def test_every_bad_option_is_reported_at_once():
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(facts_params(match=["("], protected=["[z-a]"], pids=[-3], orphan_grace=601,
+                                         driver_wchan="(("))
+    assert caught.value.options == ["pids", "match", "protected", "orphan_grace", "driver_wchan"]
+    result = caught.value.as_result()
+    assert "orphan_grace: must be at least 0 and at most 600 seconds, got 601" in result["msg"]
+    assert [p["option"] for p in result["option_problems"]] == caught.value.options
+
+
+def test_good_options_become_the_assessment_options():
+    options = options_from_params(facts_params(match=["train"], orphan_grace=0, driver_wchan="^uvm_"))
+    assert options.orphan_grace == 0.0 and options.driver_wchan.pattern == "^uvm_" and options.selector.patterns
+
+
+def test_an_internal_error_is_not_reported_as_a_bad_option(monkeypatch):
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._reap import assessment
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("a bug, not the user's number")
+
+    monkeypatch.setattr(assessment, "check_timeout", broken)
+    with pytest.raises(ValueError, match="a bug") as caught:
+        options_from_params(facts_params())
+    assert not isinstance(caught.value, (BadOption, OptionsInvalid))

@@ -5,12 +5,16 @@ from __future__ import annotations
 import re
 import signal
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import Executor
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import Executor, options_from_params
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import ReapOptions, plan_reap
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import GONE, RECYCLED, SENT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     DEFAULT_PROTECTED,
+    JOB_SELECTION_SPEC,
     JobSelector,
     Protection,
 )
@@ -154,3 +158,56 @@ def test_gone_before_the_signal():
     control = SimControl(kernel)
     del kernel.processes[62]
     assert control.send(plan.steps[0].target, signal.SIGTERM) == GONE
+
+
+# --- zombie_reap's options ---------------------------------------------------------------------
+
+def reap_params(**overrides):
+    values = {name: spec.get("default") for name, spec in JOB_SELECTION_SPEC.items()}
+    values.update(term_signal="SIGTERM", term_timeout=10.0, kill_timeout=10.0, reap_timeout=5.0,
+                  d_state_timeout=30.0, reap_parents=False, match=[r"train\.py"])
+    values.update(overrides)
+    return values
+
+
+def test_every_bad_option_is_reported_at_once():
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(reap_params(
+            match=["train(.py"], protected=["[sshd"], pids=[0], term_signal="STOP", term_timeout=-1,
+            kill_timeout=float("nan"), reap_timeout=float("inf"), d_state_timeout=1e12, proc_root="/nonexistent",
+        ))
+    error = caught.value
+    assert error.options == ["pids", "match", "protected", "term_signal", "term_timeout", "kill_timeout",
+                             "reap_timeout", "d_state_timeout", "proc_root"]
+    result = error.as_result()
+    assert set(result) == {"msg", "option_problems"} and all(set(p) == {"option", "reason"} for p in result["option_problems"])
+    assert "term_signal: SIGSTOP does not end a process" in result["msg"]
+    assert "proc_root: /nonexistent is not the process table" in result["msg"]
+
+
+def test_an_empty_selection_is_refused_unless_it_is_empty_because_of_a_bad_pid():
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(reap_params(match=[]), check_mode=True)
+    assert caught.value.options == ["match"] and "is empty, and so is pids" in str(caught.value)
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(reap_params(match=[], pids=[-1]), check_mode=True)
+    assert caught.value.options == ["pids"]
+
+
+def test_good_options_and_check_mode_on_a_foreign_proc_root():
+    selector, protected, options = options_from_params(
+        reap_params(term_signal="int", term_timeout=2, proc_root="/nonexistent"), check_mode=True)
+    assert options.term_signal == signal.SIGINT and options.term_timeout == 2.0 and selector.patterns
+    assert len(protected) == len(DEFAULT_PROTECTED)
+
+
+def test_an_internal_error_is_not_reported_as_a_bad_option(monkeypatch):
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._reap import executor
+
+    def broken(*_args):
+        raise ValueError("a bug, not the user's signal")
+
+    monkeypatch.setattr(executor, "parse_term_signal", broken)
+    with pytest.raises(ValueError, match="a bug") as caught:
+        options_from_params(reap_params(), check_mode=True)
+    assert not isinstance(caught.value, (BadOption, OptionsInvalid))

@@ -15,10 +15,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.plan import 
     NOTIFY_PARENT,
     TERMINATE,
     ReapOptions,
-    check_timeout,
     parse_term_signal,
     plan_reap,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     DEFAULT_PROTECTED,
     JobSelector,
@@ -184,8 +185,9 @@ def test_signal_names(name, expected):
     ("CHLD", "term_signal: SIGCHLD does not end a process"),
 ])
 def test_bad_signal_names(name, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(BadOption, match=re.escape(message)) as caught:
         parse_term_signal(name)
+    assert caught.value.option == "term_signal"
 
 
 @pytest.mark.parametrize("value, words", [
@@ -198,10 +200,10 @@ def test_bad_signal_names(name, message):
 ])
 def test_bad_timeouts(value, words):
     with pytest.raises(ValueError, match=re.escape(f"term_timeout: {words}")):
-        check_timeout(value, "term_timeout")
+        check_timeout("term_timeout", value)
 
 
 def test_good_timeouts():
-    assert check_timeout(0, "x") == 0.0
-    assert check_timeout(2.5, "x") == 2.5
-    assert check_timeout(86400, "x") == 86400.0  # a day, the bound of every timeout
+    assert check_timeout("x", 0) == 0.0
+    assert check_timeout("x", 2.5) == 2.5
+    assert check_timeout("x", 86400) == 86400.0  # a day, the bound of every timeout
