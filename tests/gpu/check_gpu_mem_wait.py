@@ -222,7 +222,7 @@ def check_plain(nvml: Nvml, python: str, library: str, device: int, mib: int) ->
             return False
         print(f"[plain] release time (kill -> NVML shows it free): {(released - killed) * 1000:.0f} ms")
         print(f"[plain] detection (release -> ansible-playbook returned, includes Ansible's exit): "
-              f"{(result['returned'] - released) * 1000:.0f} ms; module waited_s={task['waited_s']}, "
+              f"{(result['returned'] - released) * 1000:.0f} ms; module elapsed={task['elapsed']}, "
               f"polls={task['polls']}, released_mib={task['released_mib']}")
         return True
     finally:
