@@ -12,7 +12,7 @@ APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup apt venv collection demo test pytest sanity lint bench clean
+.PHONY: setup apt venv collection demo test pytest sanity lint docs-lint bench clean
 
 setup: apt venv collection
 
@@ -30,9 +30,11 @@ $(BUILD)/apt.stamp:
 	@touch $@
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements/controller.txt requirements/test.txt
+# requirements/*.txt name ranges (what users install); constraints.txt pins the exact versions the
+# tests run with, so a fresh clone gets the same venv.
+$(VENV)/.installed: requirements/controller.txt requirements/test.txt requirements/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements/test.txt
+	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/test.txt
 	@touch $@
 
 # Ansible finds this checkout as gpuops.relaunch through ansible.cfg's collections_path.
@@ -62,7 +64,12 @@ sanity: setup
 lint: setup
 	$(BIN)/ansible-lint --profile production --offline
 
-test: pytest sanity lint
+# The changelog fragments and the documentation as antsibull (the Ansible package's docs build) reads them.
+docs-lint: setup
+	$(BIN)/antsibull-changelog lint
+	$(BIN)/antsibull-docs lint-collection-docs --plugin-docs $(COLL_LINK)
+
+test: pytest sanity lint docs-lint
 
 bench: setup
 	$(PY) bench/scan_vs_ps.py
