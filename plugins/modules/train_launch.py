@@ -248,6 +248,14 @@ backend:
   returned: always
   type: str
   sample: supervisor
+operation:
+  description:
+    - What the task does (in check mode, would do) to reach O(state) - V(none) (already there),
+      V(start), V(restart) or V(stop). Unlike C(changed) it is structured for a decision, for
+      example by a probe in check mode whose change should not be counted.
+  returned: always, except when the options were refused
+  type: str
+  sample: start
 running:
   description: Whether the job runs when the task ends (in check mode, whether it runs now).
   returned: always

@@ -79,10 +79,21 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     stale = stale_run(site)
     assert state_of(stale["zombie_leader"]) == "Z"
 
-    first = summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))
+    run = run_playbook(PLAYBOOK, inventory=site["inventory"], env={"ANSIBLE_SHOW_CUSTOM_STATS": "1"},
+                       extra_vars={"relaunch_summary_dir": str(site["dir"])})
+    first = summary(run)
 
-    assert first["relaunched"] is True
-    assert first["found"] == "signals"
+    assert first["relaunched"] is True and first["would_relaunch"] is True and first["check_mode"] is False
+    assert first["found"] == "signals" and first["job"]["operation"] == "start"
+    # The probe is a question: its "would start" is not counted as a change.
+    launches = [result for name, results in run.tasks.items() if name.endswith("Launch the job and prove it started")
+                for result in results if "operation" in result]
+    probe = launches[0]
+    assert probe["operation"] == "start" and probe["changed"] is False
+    # Machine-readable: set_stats data (AWX), and a JSON file on the controller.
+    stats = json.loads(run.stdout)["global_custom_stats"]["relaunch_summary"]
+    assert list(stats) == ["localhost"] and stats["localhost"]["job"]["pid"] == first["job"]["pid"]
+    assert json.loads((site["dir"] / "localhost.json").read_text())["relaunched"] is True
     assert {stale["main"], stale["zombie"], stale["zombie_leader"]} <= set(first["ended"])
     for pid in stale.values():
         wait_until(lambda p=pid: state_of(p) is None, what=f"stale pid {pid} to be gone")
@@ -105,7 +116,8 @@ def test_check_mode_changes_nothing(site):
     stale = stale_run(site)
     run = run_playbook(PLAYBOOK, inventory=site["inventory"], check=True)
     result = summary(run)
-    assert result["relaunched"] is True  # it says what it would do
+    assert result["relaunched"] is False and result["check_mode"] is True
+    assert result["would_relaunch"] is True and result["job"]["operation"] == "start"  # it says what it would do
     for pid in stale.values():
         assert state_of(pid) is not None  # nothing was signalled
     assert not Path(site["vars"]["job_launch_state_dir"]).exists() or not any(

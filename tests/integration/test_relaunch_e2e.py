@@ -285,7 +285,8 @@ def test_check_mode_sends_no_post_and_starts_nothing(lab, pct_host, tmp_path):
     assert not (lab.container.rootfs / IN_CT_LOG_DIR.lstrip("/")).exists()  # not even the log directory
     assert last(run, LAUNCH)["msg"] == "would start the job with backend supervisor"
     report = summary(run)
-    assert report["relaunched"] is True and report["found"] == "container_reboot" and report["job"]["pid"] is None
+    assert report["relaunched"] is False and report["would_relaunch"] is True and report["check_mode"] is True
+    assert report["found"] == "container_reboot" and report["job"]["pid"] is None
 
 
 @needs_sshd

@@ -311,6 +311,7 @@ class LaunchController:
     def _stopped(self, run: dict | None, recorded: Backend, active: bool) -> dict[str, Any]:
         result = self.result
         result["running"] = False
+        result["operation"] = "stop" if active else "none"
         if not active:
             result.update(_exit_fields(self.records.read_exit(run.get("run_id")) if run else None))
             result["msg"] = "not running"
@@ -370,11 +371,13 @@ class LaunchController:
         same = status.spec_hash == spec.spec_hash and status.backend == backend_name and same_log
         if options.state == "started" and status.running and same:
             result["running"] = True
+            result["operation"] = "none"
             result["msg"] = "already running with the same spec"
             result["log_tail"] = tail(options.log_path, options.log_tail_lines)
             return result
         result["changed"] = True
         action = "restart" if active else "start"
+        result["operation"] = action
         if self.check_mode:
             result["running"] = active
             failed_log = self._failed_start_log()
