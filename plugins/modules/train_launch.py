@@ -19,8 +19,8 @@ description:
     the launcher's process group. The supervisor is the child subreaper of the job
     (C(PR_SET_CHILD_SUBREAPER)), so processes the job orphans are reaped by it and never pile up as
     zombies under a container init that does not reap. It starts the job in a process group of its
-    own with the run's mark (C(GPUOPS_RELAUNCH_RUN)) in its environment, forwards SIGTERM to that
-    group while the job's leader is its unreaped child, records the exit code or signal and the time atomically in
+    own with the run's mark (C(GPUOPS_RELAUNCH_RUN)) in its environment, forwards SIGTERM to the
+    members of that group that descend from it, one by one by (pid, start time), records the exit code or signal and the time atomically in
     the state directory, and exits when the job's whole tree is gone. It runs from a private copy in
     the state directory, so it does not depend on the module's temporary files (see the notes for
     containers whose init never reaps).

@@ -29,7 +29,8 @@ _READ_SIZE = 4096
 def read_small(path: str) -> bytes | None:
     """The content of a small /proc file, or None if it (or its process) is gone or unreadable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # Never through a link, never blocking: a fixture tree (proc_root) could hold anything.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:

@@ -15,10 +15,11 @@ says: PID 1 of the namespace, the process running the module and its ancestors, 
 processes matching a protected pattern and, where the caller asks, the members of the module's
 own process group. No module signals a process group: a group is signalled member by member.
 
-The only signals that do not pass here go to a process's own unreaped child, whose pid the kernel
-cannot hand to anyone else until the parent reaps it: gpu_mem_wait's query child and nvidia-smi
-(nvml_query), and the supervisor's forwarding of SIGTERM to the job's group while the job's leader
-is its unreaped child (launch_supervisor, which runs alone and cannot import this file).
+The only signals that do not pass here: gpu_mem_wait's query child and nvidia-smi (nvml_query),
+the module's own unreaped children, whose pid the kernel cannot hand to anyone else until it reaps
+them; and the supervisor's forwarding of SIGTERM to the job (_launch/supervisor.py, which runs
+alone with the standard library): member by member, each a descendant of the supervisor in the
+job's group, by (pid, start time) pinned with a pidfd - the same rule, in a small copy.
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ def _serve(requests: int, replies: int) -> None:
 
 def _detach_stdio(keep: set[int]) -> None:
     """In the child: nothing may hold the module's stdout, or Ansible waits for a hung child."""
-    null = os.open(os.devnull, os.O_RDWR)
+    null = os.open(os.devnull, os.O_RDWR | os.O_NOFOLLOW)
     for target in (0, 1, 2):
         os.dup2(null, target)
     for name in os.listdir("/proc/self/fd"):

@@ -21,8 +21,8 @@ The supervisor (``python3 supervisor.py run JOB_DIR``):
   it, and the module signals only processes that carry it (or descend from this supervisor, which
   carries ``GPUOPS_RELAUNCH_SUPERVISOR=JOB_DIR``);
 * writes ``run.json`` (its own and the job's pid, start time and process group) once the job runs;
-* forwards SIGTERM/SIGINT it receives to the job's process group while the job's leader is its
-  unreaped child (until then no other process can hold that group id);
+* forwards SIGTERM/SIGINT it receives to the job's process group member by member: each process in
+  the group that descends from it, by (pid, start time), pinned by a pidfd where there is one;
 * writes ``exit.json`` (exit code or signal, end time) the moment the job's leader ends;
 * exits when it has no child left, i.e. when the job's whole tree is gone - unless its parent can
   never reap it (a container init that neither catches nor ignores SIGCHLD): exiting there would
@@ -144,14 +144,68 @@ def read_json(path: str) -> dict | None:
 
 
 # Its own copy of the (pid, starttime) identity check of _base/signal_gate: the supervisor must stay standard-library only and run alone.
-def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
-    """Field 22 of /proc/PID/stat."""
+def _stat(pid: int, proc_root: str = "/proc") -> tuple[int, int, int] | None:
+    """(ppid, pgid, starttime) from /proc/PID/stat, parsed after the last ')' (comm may hold any byte)."""
     try:
-        with open("%s/%d/stat" % (proc_root, pid), "rb") as handle:
-            raw = handle.read()
-        return int(raw[raw.rindex(b")") + 2:].split()[19])
+        fd = os.open("%s/%d/stat" % (proc_root, pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        fields = raw[raw.rindex(b")") + 2:].split()
+        return int(fields[1]), int(fields[2]), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
+    """Field 22 of /proc/PID/stat."""
+    fields = _stat(pid, proc_root)
+    return fields[2] if fields is not None else None
+
+
+def group_members_below(group: int, ancestor: int, proc_root: str = "/proc") -> list:
+    """(pid, starttime) of the processes in process group `group` that descend from `ancestor`."""
+    table = {}
+    for name in os.listdir(proc_root):
+        if name.isdigit():
+            fields = _stat(int(name), proc_root)
+            if fields is not None:
+                table[int(name)] = fields
+    members = []
+    for pid, (_ppid, pgid, starttime) in table.items():
+        if pgid != group or pid == ancestor:
+            continue
+        parent, hops = table[pid][0], 0
+        while parent not in (0, ancestor) and parent in table and hops < len(table):
+            parent, hops = table[parent][0], hops + 1
+        if parent == ancestor:
+            members.append((pid, starttime))
+    return members
+
+
+def signal_identity(pid: int, starttime: int, signum: int, proc_root: str = "/proc") -> bool:
+    """Send `signum` to `pid` only if it still has `starttime`: pinned by a pidfd where there is one.
+
+    The collection's signal gate (plugins/module_utils/_base/signal_gate.py) does the same; this
+    program runs alone with the standard library, so it keeps this small copy.
+    """
+    try:
+        if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+            handle = os.pidfd_open(pid)  # pylint: disable=no-member
+            try:
+                if process_starttime(pid, proc_root) != starttime:
+                    return False
+                signal.pidfd_send_signal(handle, signum)  # pylint: disable=no-member
+            finally:
+                os.close(handle)
+            return True
+        if process_starttime(pid, proc_root) != starttime:
+            return False
+        os.kill(pid, signum)
+        return True
+    except OSError:
+        return False  # it ended meanwhile
 
 
 def exit_fields(status: int) -> dict:
@@ -175,15 +229,18 @@ class Supervisor:
         self.pending_signal = 0
 
     def forward(self, signum: int, _frame: object) -> None:
-        # job_pid is set only while the leader is our unreaped child: its pid, and so its group id,
-        # cannot belong to anyone else, and only processes of our session can be in that group.
-        if self.job_pid:
-            try:
-                os.killpg(self.job_pid, signal.SIGTERM if signum == signal.SIGINT else signum)
-            except OSError:
-                pass  # the group is already gone
-        else:
+        """Pass a stop signal on to the job's group, member by member, each by its identity.
+
+        job_pid is set only while the leader is our unreaped child, so the group id is the job's;
+        a member must also descend from us (the subreaper), and is signalled only if its pid still
+        has the start time just read.
+        """
+        if not self.job_pid:
             self.pending_signal = signum
+            return
+        forwarded = signal.SIGTERM if signum == signal.SIGINT else signum
+        for pid, starttime in group_members_below(self.job_pid, os.getpid()):
+            signal_identity(pid, starttime, forwarded)
 
     def record_exit(self, fields: dict) -> None:
         record = {"run_id": self.run_id, "ended_at": utc_now(), "exit_code": None, "exit_signal": None}
@@ -213,7 +270,7 @@ class Supervisor:
             env=env,
             stdin=subprocess.DEVNULL,
             close_fds=True,
-            # A group of its own: one killpg reaches the job and every child that stays in it.
+            # A group of its own: the job and every child that stays in it are found by group id.
             preexec_fn=os.setpgrp,  # pylint: disable=subprocess-popen-preexec-fn
             **kwargs
         )
@@ -407,7 +464,7 @@ def spawn_detached(argv: list, log_path: str, log_mode: int = 0o640, env: dict |
             try:
                 os.setsid()
                 if os.fork() == 0:
-                    null_fd = os.open(os.devnull, os.O_RDONLY)
+                    null_fd = os.open(os.devnull, os.O_RDONLY | os.O_NOFOLLOW)
                     os.dup2(null_fd, 0)
                     os.dup2(log_fd, 1)
                     os.dup2(log_fd, 2)

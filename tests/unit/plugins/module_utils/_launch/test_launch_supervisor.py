@@ -196,3 +196,27 @@ def test_record_systemd_exit(tmp_path, environ, expected) -> None:
 
 def test_source_is_this_module() -> None:
     assert "class Supervisor" in launch_supervisor.supervisor_source()
+
+
+def test_forwarding_reaches_only_group_members_below_the_supervisor_and_by_identity() -> None:
+    # A group of ours (leader + child) and a stranger that joins no group of ours: only our
+    # descendants in the group count, and a start time that is not the process's own is refused.
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                              process_group=0)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0)
+    try:
+        members = wait_until(lambda: len(launch_supervisor.group_members_below(leader.pid, os.getpid())) == 2
+                             and launch_supervisor.group_members_below(leader.pid, os.getpid()), what="the child")
+        assert leader.pid in {pid for pid, _start in members}
+        assert launch_supervisor.group_members_below(leader.pid, stranger.pid) == []  # none of them below the stranger
+        start = launch_supervisor.process_starttime(stranger.pid)
+        assert launch_supervisor.signal_identity(stranger.pid, start - 1, signal.SIGTERM) is False
+        assert stranger.poll() is None
+        for pid, starttime in members:
+            assert launch_supervisor.signal_identity(pid, starttime, signal.SIGKILL) is True
+        assert leader.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for proc in (leader, stranger):
+            proc.kill()
+            proc.wait()
