@@ -155,11 +155,9 @@ class JobRecords:
 
     def status(self) -> JobStatus:
         run = self.read_run()
-        if run is not None and self.identity(run) is None:
-            run = None
-        if run is None:
+        identity = self.identity(run) if run is not None else None
+        if run is None or identity is None:
             return JobStatus(None, self.read_exit(), False)
-        ended = self.read_exit(run.get("run_id"))
-        identity = self.identity(run)
-        running = ended is None and identity is not None and leader_alive(identity, self.proc_root)
+        ended = self.read_exit(identity.run_id)
+        running = ended is None and leader_alive(identity, self.proc_root)
         return JobStatus(run, ended, running)
