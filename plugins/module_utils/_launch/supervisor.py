@@ -173,10 +173,10 @@ def group_members_below(group: int, ancestor: int, proc_root: str = "/proc") -> 
             if fields is not None:
                 table[int(name)] = fields
     members = []
-    for pid, (_ppid, pgid, starttime) in table.items():
+    for pid, (parent, pgid, starttime) in table.items():
         if pgid != group or pid == ancestor:
             continue
-        parent, hops = table[pid][0], 0
+        hops = 0
         while parent not in (0, ancestor) and parent in table and hops < len(table):
             parent, hops = table[parent][0], hops + 1
         if parent == ancestor:
