@@ -9,6 +9,12 @@ private data directory laid out as AWX lays it out: project/ (a copy of the repo
 collections of collections/requirements.yml installed the way a project update installs them,
 inventory/, env/envvars (the credential), env/extravars (the survey's answers); inside a PID
 namespace of its own, so the demo job ends with it. The assertions read the job events.
+
+The second such job runs against the fakepve lab of the end-to-end test (a real LXC container
+behind a fake Proxmox API, reached over the test sshd the way a node is): the Proxmox API comes only
+from the credential (a token and the lab's CA, injected as AWX injects them), the container holds a
+stale run that only a reboot clears, and the events show the reboot, the launch after it and the
+set_stats summary; fakepve shows the one reboot it was asked for.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +37,14 @@ import yaml
 from jinja2 import StrictUndefined, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tests.harness.pidns import pid_namespace
+# The container-reset job reuses the end-to-end test's lab: `lab` and `pct_host` are its pytest
+# fixtures, and `pct_ssh` (the session's test sshd) is what `pct_host` asks for; importing them is
+# what makes them available here.
+from tests.harness.pct_sshd import pct_ssh  # noqa: F401  pylint: disable=unused-import
+from tests.harness.pidns import PidNamespace, pid_namespace
+from tests.integration.test_relaunch_e2e import (  # noqa: F401  pylint: disable=unused-import
+    HOSTNAME, VMID, job_processes, lab, needs_sshd, pct_host, posts, relaunch_vars, running_job, start_stale_run,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -47,6 +61,7 @@ ENV_REFUSED = {"PATH", "PYTHONPATH", "VIRTUAL_ENV", "JOB_ID", "INVENTORY_ID", "I
                "CALLBACK_QUEUE", "CALLBACK_CONNECTION", "CACHE", "JOB_CALLBACK_DEBUG", "INVENTORY_HOSTVARS",
                "AWX_HOST", "PROJECT_REVISION", "SUPERVISOR_WEB_CONFIG_PATH"}
 SECRET = "relaunch-token-secret-3f9c"  # long enough that no_log masking does not hide other words
+needs_lxc = pytest.mark.skipif(shutil.which("lxc-start") is None, reason="lxc-start is missing (make apt installs lxc)")
 
 
 def _fields() -> dict[str, dict[str, Any]]:
@@ -317,6 +332,73 @@ def _copy_project(target: Path) -> None:
             shutil.copy2(source, target / name)
 
 
+def _base_env() -> dict[str, str]:
+    """The execution node's environment: no ANSIBLE_* or PROXMOX_* of the caller's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PROXMOX_"))}
+    env.update(PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_NOCOLOR="1")
+    return env
+
+
+@dataclass(frozen=True)
+class AwxJob:
+    """A private data directory as AWX lays it out for a job, after the project update."""
+
+    pdd: Path
+    project: Path
+    collections: Path  # what the project update installed; the job's collections path
+    installed: Path  # gpuops.relaunch as the project update installed it
+
+
+def _project_update(pdd: Path) -> AwxJob:
+    """project/ (a copy of the repository), then its collections/requirements.yml installed from the
+    project root into the directory AWX then puts on the job's collections path. Offline:
+    community.proxmox is linked in from the `ansible` package's copy, as the installed-collection
+    test does."""
+    project = pdd / "project"
+    project.mkdir(parents=True)
+    _copy_project(project)
+    collections = pdd / "requirements_collections"
+    community = collections / "ansible_collections" / "community"
+    community.mkdir(parents=True)
+    venv_colls = Path(subprocess.check_output(
+        [sys.executable, "-c", "import ansible_collections; print(list(ansible_collections.__path__)[0])"],
+        text=True).strip())
+    (community / "proxmox").symlink_to(venv_colls / "community" / "proxmox")
+    update = subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", "-r", "collections/requirements.yml",
+         "-p", str(collections), "--offline"],
+        cwd=project, env=dict(_base_env(), ANSIBLE_COLLECTIONS_PATH=str(collections)),
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert update.returncode == 0, update.stdout + update.stderr
+    installed = collections / "ansible_collections" / "gpuops" / "relaunch"
+    assert (installed / "roles" / "job_launch").is_dir()
+    return AwxJob(pdd, project, collections, installed)
+
+
+def _write_job(job: AwxJob, inventory: dict[str, Any], cred_env: dict[str, str], cred_extra: dict[str, Any],
+               hosts: str, local_tmp: Path) -> None:
+    """inventory/hosts; env/envvars: the credential's injection and what AWX adds for the project's
+    collections; env/extravars: the survey's defaults, `hosts` as its Hosts answer, and the
+    credential's extra vars."""
+    (job.pdd / "inventory").mkdir()
+    (job.pdd / "inventory" / "hosts").write_text(yaml.safe_dump(inventory), encoding="utf-8")
+    envvars = dict(cred_env, ANSIBLE_COLLECTIONS_PATH=str(job.collections), ANSIBLE_LOCAL_TEMP=str(local_tmp))
+    (job.pdd / "env" / "envvars").write_text(yaml.safe_dump(envvars), encoding="utf-8")
+    survey_answers = {item["variable"]: item["default"] for item in SURVEY["spec"] if item["default"] != ""}
+    survey_answers["relaunch_hosts"] = hosts
+    (job.pdd / "env" / "extravars").write_text(yaml.safe_dump(dict(survey_answers, **cred_extra)), encoding="utf-8")
+
+
+def _run_job(job: AwxJob, ns: PidNamespace, ident: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """ansible-runner runs playbooks/relaunch.yml from the private data directory, inside `ns`."""
+    inside = ["nsenter", f"--target={ns.init_pid}", "--pid", "--mount", "--"]
+    return subprocess.run(
+        [*inside, str(BIN / "ansible-runner"), "run", str(job.pdd), "-p", "playbooks/relaunch.yml", "--ident", ident],
+        env=env, capture_output=True, text=True, timeout=400, check=False,
+    )
+
+
 def _processes_naming(script: str) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
@@ -331,68 +413,51 @@ def _processes_naming(script: str) -> list[int]:
 
 
 def _events(artifacts: Path) -> list[dict[str, Any]]:
-    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((artifacts / "job_events").glob("*.json"))]
+    """The job events in the order they happened (their counter; the file names do not sort so)."""
+    events = [json.loads(path.read_text(encoding="utf-8")) for path in (artifacts / "job_events").glob("*.json")]
+    return sorted(events, key=lambda event: event["counter"])
+
+
+def _stats(events: list[dict[str, Any]]) -> dict[str, Any]:
+    stats = [e for e in events if e["event"] == "playbook_on_stats"]
+    assert len(stats) == 1, [e["event"] for e in events]
+    return stats[0]["event_data"]
+
+
+def _assert_roles_from_the_project_update(job: AwxJob, events: list[dict[str, Any]]) -> None:
+    """The roles came from the collections the project update installed, not from the checkout."""
+    task_paths = {e["event_data"].get("task_path", "") for e in events}
+    role_paths = {p for p in task_paths if "/roles/" in p}
+    assert role_paths and all(p.startswith(str(job.installed / "roles")) for p in role_paths), role_paths
+    assert not [p for p in task_paths if p.startswith(str(REPO))], task_paths
+
+
+def _assert_secret_never_shown(artifacts: Path, secret: str) -> None:
+    assert not [p for p in (artifacts / "job_events").glob("*.json") if secret in p.read_text(encoding="utf-8")]
+    assert secret not in (artifacts / "stdout").read_text(encoding="utf-8")
 
 
 @pytest.mark.slow
 def test_relaunch_through_ansible_runner_as_awx_runs_it(tmp_path: Path) -> None:
-    pdd = tmp_path / "pdd"
-    project = pdd / "project"
-    project.mkdir(parents=True)
-    _copy_project(project)
+    job = _project_update(tmp_path / "pdd")
 
-    # The project update: collections/requirements.yml, installed from the project root into the
-    # directory AWX then puts on the job's collections path. Offline: community.proxmox is linked
-    # in from the `ansible` package's copy, as the installed-collection test does.
-    collections = pdd / "requirements_collections"
-    community = collections / "ansible_collections" / "community"
-    community.mkdir(parents=True)
-    venv_colls = Path(subprocess.check_output(
-        [sys.executable, "-c", "import ansible_collections; print(list(ansible_collections.__path__)[0])"],
-        text=True).strip())
-    (community / "proxmox").symlink_to(venv_colls / "community" / "proxmox")
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PROXMOX_"))}
-    base_env.update(PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_NOCOLOR="1")
-    update = subprocess.run(
-        [str(BIN / "ansible-galaxy"), "collection", "install", "-r", "collections/requirements.yml",
-         "-p", str(collections), "--offline"],
-        cwd=project, env=dict(base_env, ANSIBLE_COLLECTIONS_PATH=str(collections)),
-        capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert update.returncode == 0, update.stdout + update.stderr
-    installed = collections / "ansible_collections" / "gpuops" / "relaunch"
-    assert (installed / "roles" / "job_launch").is_dir()
-
-    # inventory/: the demo host (this machine, the demo trainer), its state under tmp_path.
+    # inventory/: the demo host (this machine, the demo trainer), its state under tmp_path; the
+    # credential: an unreachable API (the demo host resets no container).
     demo = yaml.safe_load((REPO / "playbooks" / "inventory" / "demo.yml").read_text(encoding="utf-8"))
-    demo_dir = tmp_path / "demo"
-    demo["all"]["hosts"]["localhost"]["demo_dir"] = str(demo_dir)
-    (pdd / "inventory").mkdir()
-    (pdd / "inventory" / "hosts").write_text(yaml.safe_dump(demo), encoding="utf-8")
-
-    # env/: the credential's injection (an unreachable API; the demo host resets no container),
-    # what AWX adds for the project's collections, and the survey's answers as extra vars.
+    demo["all"]["hosts"]["localhost"]["demo_dir"] = str(tmp_path / "demo")
     cred_env, cred_extra = inject(
         {"host": "127.0.0.1", "port": str(_closed_port()), "user": "ops@pve", "token_id": "relaunch",
          "token_secret": SECRET, "validate_certs": "true",
          "ca_cert": "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"},
-        pdd,
+        job.pdd,
     )
-    envvars = dict(cred_env, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_LOCAL_TEMP=str(tmp_path / "local-tmp"))
-    (pdd / "env" / "envvars").write_text(yaml.safe_dump(envvars), encoding="utf-8")
-    survey_answers = {item["variable"]: item["default"] for item in SURVEY["spec"] if item["default"] != ""}
-    survey_answers["relaunch_hosts"] = "localhost"
-    (pdd / "env" / "extravars").write_text(yaml.safe_dump(dict(survey_answers, **cred_extra)), encoding="utf-8")
+    _write_job(job, demo, cred_env, cred_extra, "localhost", tmp_path / "local-tmp")
 
     ident = "awx-relaunch-1"
-    trainer = str(project / "playbooks" / "files" / "demo_train.py")
+    trainer = str(job.project / "playbooks" / "files" / "demo_train.py")
     with pid_namespace() as ns:
-        inside = ["nsenter", f"--target={ns.init_pid}", "--pid", "--mount", "--"]
-        run = subprocess.run(
-            [*inside, str(BIN / "ansible-runner"), "run", str(pdd), "-p", "playbooks/relaunch.yml", "--ident", ident],
-            env=base_env, capture_output=True, text=True, timeout=240, check=False,
-        )
-        artifacts = pdd / "artifacts" / ident
+        run = _run_job(job, ns, ident, _base_env())
+        artifacts = job.pdd / "artifacts" / ident
         assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
         # The job runs the project's trainer, inside the namespace.
         assert _processes_naming(trainer), run.stdout[-3000:]
@@ -407,16 +472,116 @@ def test_relaunch_through_ansible_runner_as_awx_runs_it(tmp_path: Path) -> None:
     summary = summarize[0]["event_data"]["res"]["msg"]
     assert summary["host"] == "localhost" and summary["relaunched"] is True and summary["check_mode"] is False
     assert summary["job"]["operation"] == "start" and summary["job"]["pid"], summary
-    stats = [e for e in events if e["event"] == "playbook_on_stats"]
-    assert len(stats) == 1
-    data = stats[0]["event_data"]
+    data = _stats(events)
     assert data["artifact_data"]["relaunch_summary"]["localhost"]["relaunched"] is True
     assert data["failures"] == {} and data["dark"] == {}
-    # The roles came from the collections the project update installed, not from the checkout.
-    task_paths = {e["event_data"].get("task_path", "") for e in events}
-    role_paths = {p for p in task_paths if "/roles/" in p}
-    assert role_paths and all(p.startswith(str(installed / "roles")) for p in role_paths), role_paths
-    assert not [p for p in task_paths if p.startswith(str(REPO))], task_paths
+    _assert_roles_from_the_project_update(job, events)
     # The credential's secret never reached an event.
-    assert not [p for p in (artifacts / "job_events").glob("*.json") if SECRET in p.read_text(encoding="utf-8")]
-    assert SECRET not in (artifacts / "stdout").read_text(encoding="utf-8")
+    _assert_secret_never_shown(artifacts, SECRET)
+
+
+# --- (d) the same, against the fakepve lab, with a container reset --------------------------------
+# The host is a real LXC container behind fakepve (tests/harness/fakepve_lxc.py), set up as the
+# end-to-end test sets it up (its `lab` and `pct_host` fixtures, its stale run that only a reboot
+# clears) and reached the production way (community.proxmox.proxmox_pct_remote over the test sshd,
+# which runs outside the job's PID namespace, as a Proxmox node does). The Proxmox API comes only
+# from the credential: an API token and the lab's CA, injected as AWX injects them.
+
+# The inventory's API connection in the end-to-end test; here the credential gives it.
+CREDENTIAL_VARS = {
+    "container_reset_api_host", "container_reset_api_port", "container_reset_api_user",
+    "container_reset_api_password", "container_reset_api_token_id", "container_reset_api_token_secret",
+    "container_reset_validate_certs", "container_reset_ca_path",
+}
+REBOOT_ACTION = "gpuops.relaunch.proxmox_ct_reboot"
+LAUNCH_TASK = "Launch the job and prove it started"
+
+
+def _task_events(events: list[dict[str, Any]], task: str | None = None, action: str | None = None,
+                 kinds: tuple[str, ...] = ("runner_on_ok", "runner_on_failed", "runner_on_skipped",
+                                            "runner_on_unreachable")) -> list[dict[str, Any]]:
+    """The per-host result events of a task, by name and/or module (oldest first)."""
+    return [
+        e for e in events
+        if e["event"] in kinds
+        and (task is None or e["event_data"].get("task") == task)
+        and (action is None or e["event_data"].get("task_action") == action)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.lxc
+@needs_lxc
+@needs_sshd
+# pylint: disable-next=redefined-outer-name
+def test_relaunch_through_ansible_runner_as_awx_resets_the_container(lab, pct_host, tmp_path):
+    job = _project_update(tmp_path / "pdd")
+    stale = start_stale_run(lab.container)
+    first_init = lab.container.init_id
+    token_secret = lab.server.add_token(lab.user, "awx")
+
+    host_vars = dict(pct_host.host_vars(VMID))
+    host_vars.update({k: v for k, v in relaunch_vars(lab, reset_allowed=True).items() if k not in CREDENTIAL_VARS})
+    assert host_vars["container_reset_allowed"] is True
+    cred_env, cred_extra = inject(
+        {"host": lab.server.host, "port": str(lab.server.port), "user": lab.user, "token_id": "awx",
+         "token_secret": token_secret, "validate_certs": "true",
+         "ca_cert": Path(lab.pki.ca_path).read_text(encoding="utf-8")},
+        job.pdd,
+    )
+    ca_file = cred_env["PROXMOX_CA_PATH"]
+    assert Path(ca_file).parent == job.pdd / "env"
+    _write_job(job, {"all": {"hosts": {HOSTNAME: host_vars}}}, cred_env, cred_extra, HOSTNAME, tmp_path / "local-tmp")
+
+    ident = "awx-relaunch-reset-1"
+    with pid_namespace() as ns:
+        # HOME holds known_hosts with the test sshd's key (an execution environment's would).
+        run = _run_job(job, ns, ident, dict(_base_env(), **pct_host.environment()))
+        artifacts = job.pdd / "artifacts" / ident
+        assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-3000:]
+        namespace_pids = set(ns.host_pids())
+        job_in_ct = job_processes(lab.container)
+        # The job runs in the container, not in the AWX job's namespace.
+        assert job_in_ct and not {ident_.pid for ident_ in job_in_ct} & namespace_pids
+
+    assert (artifacts / "status").read_text(encoding="utf-8").strip() == "successful"
+    events = _events(artifacts)
+
+    # The reboot task ran once, on the controller, with the credential's API, and changed.
+    reboots = _task_events(events, action=REBOOT_ACTION)
+    assert [e["event"] for e in reboots] == ["runner_on_ok"], [e["event"] for e in events]
+    reboot = reboots[0]["event_data"]
+    assert reboot["role"] == "container_reset" and reboot["host"] == HOSTNAME
+    assert reboot["res"]["changed"] is True and reboot["res"]["hostname"] == HOSTNAME, reboot["res"]
+    module_args = reboot["res"]["invocation"]["module_args"]
+    assert module_args["api_host"] == lab.server.host and int(module_args["api_port"]) == lab.server.port
+    assert module_args["api_token_id"] == "awx" and module_args["validate_certs"] is True
+    assert module_args["ca_path"] == ca_file and module_args["expected_hostname"] == HOSTNAME
+
+    # fakepve saw one reboot, asked with the token (no ticket login: the password was left empty),
+    # after the hostname was read; the container really restarted and the stale run is gone.
+    assert lab.server.requests("POST") == [("POST", f"/api2/json/nodes/{lab.node}/lxc/{VMID}/status/reboot")]
+    seen = lab.server.requests()
+    assert seen.index(("GET", f"/api2/json/nodes/{lab.node}/lxc/{VMID}/config")) < seen.index(posts(lab)[0])
+    assert lab.container.starts == 2 and lab.container.init_id != first_init
+    assert not any(lab.container.exists(ident_) for ident_ in stale.all())
+
+    # The job launched after the reboot, and it outlived the AWX job's namespace.
+    launches = [e for e in _task_events(events, task=LAUNCH_TASK, kinds=("runner_on_ok",))
+                if e["event_data"].get("role") == "job_launch"]
+    assert launches and launches[-1]["event_data"]["res"]["changed"] is True, [e["event_data"]["res"] for e in launches]
+    launch = launches[-1]["event_data"]["res"]
+    assert launch["backend"] == "supervisor" and launch["ready_line"].startswith("step 1 ")
+    assert events.index(launches[-1]) > events.index(reboots[0])
+    running = running_job(lab.container, launch)
+    assert running in job_processes(lab.container)
+
+    # What AWX shows with the job and passes on in a workflow: the set_stats summary.
+    data = _stats(events)
+    assert data["failures"] == {} and data["dark"] == {} and data["changed"].get(HOSTNAME), data
+    summary = data["artifact_data"]["relaunch_summary"][HOSTNAME]
+    assert summary["relaunched"] is True and summary["container_reset"] is True, summary
+    assert summary["found"] == "container_reboot" and stale.ns_main in summary["ended"], summary
+    assert int(summary["job"]["pid"]) == int(launch["pid"])
+    _assert_roles_from_the_project_update(job, events)
+    _assert_secret_never_shown(artifacts, token_secret)
