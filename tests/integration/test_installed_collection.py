@@ -126,6 +126,14 @@ def test_tarball_leaves_development_files_out(installed: Installed) -> None:
                    "playbooks/relaunch.yml", "playbooks/inventory/demo.yml", "roles/job_launch/tasks/main.yml",
                    "plugins/modules/train_launch.py"):
         assert needed in names, needed
+    # extensions/ ships whole (galaxy.yml): the Molecule scenarios where the collection layout puts
+    # them (extensions/molecule, with the playbooks and files they share), the AWX and EE examples.
+    tracked = subprocess.run(["git", "ls-files", "-z", "extensions"], cwd=REPO, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    extensions = [name for name in tracked if name]
+    assert "extensions/molecule/container_reset/molecule.yml" in extensions
+    assert "extensions/molecule/shared/create.yml" in extensions
+    assert [name for name in extensions if name not in names] == []
 
 
 def test_installed_copy_is_the_only_one_on_the_path(installed: Installed) -> None:
