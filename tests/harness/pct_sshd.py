@@ -11,7 +11,9 @@ touching /usr/sbin:
   with a ``pct`` shim in the same directory and refuses anything else;
 - the shim: ``pct exec VMID -- CMD...`` is ``lxc-attach -P LXCPATH -n VMID --clear-env -- CMD...``
   (what ``pct exec`` runs on a node), for the containers registered with :meth:`PctSshd.register`;
-  every other verb fails with a message that says so;
+  every other verb fails with a message that says so. It counts its invocations: each appends one
+  line ``VERB VMID`` to a file in the private directory (:meth:`PctSshd.pct_calls`), so a test can
+  tell how many ``pct exec`` a play cost;
 - a client key pair made for this session and a HOME directory whose ``.ssh/known_hosts`` already
   holds the server's host key, so the plugin can check the host key without prompting.
 
@@ -21,6 +23,11 @@ touching /usr/sbin:
         run_playbook(..., env=sshd.environment())
 
 (or import the session-scoped ``pct_ssh`` pytest fixture).
+
+The same sshd serves this collection's own connection, gpuops.relaunch.pct_ssh (OpenSSH with
+connection sharing): :meth:`PctSshd.pct_ssh_host_vars` gives its inventory variables, with the
+control sockets in a directory the caller owns, and :func:`stop_shared_connections` ends the
+shared connections (``ssh -O exit``) found there.
 """
 
 from __future__ import annotations
@@ -59,7 +66,9 @@ esac
 """
 
 # Only `pct exec` is implemented; the container's lxcpath is looked up by vmid in {registry}.
+# Every call, refused or not, appends "VERB VMID" to {calls} (one short line: an atomic append).
 PCT_SHIM = """#!/bin/sh
+printf '%s %s\\n' "${{1:-}}" "${{2:-}}" >> {calls}
 if [ "$#" -lt 1 ] || [ "$1" != exec ]; then
     echo "pct (test shim): only 'pct exec VMID -- CMD...' is implemented, not 'pct $*'" >&2
     exit 255
@@ -160,6 +169,29 @@ class PctSshd:
     def log_path(self) -> Path:
         return self.directory / "sshd.log"
 
+    @property
+    def calls_path(self) -> Path:
+        return self.directory / "pct-calls"
+
+    @property
+    def known_hosts(self) -> Path:
+        """The known_hosts file that holds (only) this server's host key."""
+        return self.home / ".ssh" / "known_hosts"
+
+    def pct_call_log(self) -> list[str]:
+        """One ``VERB VMID`` entry per ``pct`` invocation so far, oldest first."""
+        try:
+            return self.calls_path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+
+    def pct_calls(self, verb: str = "exec", vmid: int | None = None) -> int:
+        """How many times `pct VERB` (for container `vmid`, or any) ran so far."""
+        return sum(
+            1 for line in self.pct_call_log()
+            if line.split(" ")[0] == verb and (vmid is None or line.split(" ")[1:] == [str(vmid)])
+        )
+
     def register(self, vmid: int, lxcpath: str) -> None:
         """`pct exec VMID` reaches the LXC container named VMID in `lxcpath` (as on a node)."""
         (self.registry / str(int(vmid))).write_text(lxcpath, encoding="utf-8")
@@ -179,6 +211,23 @@ class PctSshd:
             # The host key is really checked (against the pre-seeded known_hosts), whatever
             # ansible.cfg says.
             "ansible_host_key_checking": True,
+            "ansible_python_interpreter": "/usr/bin/python3",
+        }
+
+    def pct_ssh_host_vars(self, vmid: int, control_path_dir: str | os.PathLike) -> dict[str, object]:
+        """Inventory variables of a host that is container `vmid`, reached with gpuops.relaunch.pct_ssh.
+
+        The host key is checked by the plugin's default against this server's known_hosts file
+        (OpenSSH reads ``~`` from the password database, not from HOME, so the file is named)."""
+        return {
+            "ansible_connection": "gpuops.relaunch.pct_ssh",
+            "ansible_host": "127.0.0.1",
+            "ansible_port": self.port,
+            "ansible_user": "root",
+            "ansible_private_key_file": str(self.client_key),
+            "ansible_pct_ssh_known_hosts_file": str(self.known_hosts),
+            "ansible_pct_ssh_control_path_dir": str(control_path_dir),
+            "proxmox_vmid": int(vmid),
             "ansible_python_interpreter": "/usr/bin/python3",
         }
 
@@ -237,7 +286,8 @@ def pct_sshd(directory: str | os.PathLike) -> Iterator[PctSshd]:
     authorized_keys.chmod(0o600)
 
     pct = directory / "pct"
-    _write_executable(pct, PCT_SHIM.format(registry=shlex.quote(str(directory / "containers"))))
+    _write_executable(pct, PCT_SHIM.format(registry=shlex.quote(str(directory / "containers")),
+                                           calls=shlex.quote(str(directory / "pct-calls"))))
     force_command = directory / "pct-forcecommand"
     _write_executable(force_command, FORCE_COMMAND.format(pct=shlex.quote(str(pct))))
 
@@ -280,6 +330,26 @@ def pct_sshd(directory: str | os.PathLike) -> Iterator[PctSshd]:
     finally:
         if sshd is not None:
             sshd.stop()
+
+
+def shared_connections(control_path_dir: str | os.PathLike) -> list[Path]:
+    """The control sockets of the OpenSSH shared connections in `control_path_dir`."""
+    directory = Path(control_path_dir)
+    if not directory.is_dir():
+        return []
+    return sorted(path for path in directory.iterdir() if path.is_socket())
+
+
+def stop_shared_connections(control_path_dir: str | os.PathLike) -> None:
+    """End every shared connection (ControlMaster) whose socket is in `control_path_dir`:
+    ``ssh -O exit`` through its own socket (no signal, no pattern), then wait until it is gone."""
+    for socket_path in shared_connections(control_path_dir):
+        subprocess.run(
+            ["ssh", "-o", f"ControlPath={socket_path}", "-O", "exit", "--", "pct-sshd-master"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=STOP_TIMEOUT, check=False,
+        )
+    wait_until(lambda: not shared_connections(control_path_dir), timeout=STOP_TIMEOUT,
+               what=f"the shared ssh connections in {control_path_dir} to end")
 
 
 @pytest.fixture(scope="session")
