@@ -285,10 +285,13 @@ def wait_for_release(
     proc_root: str = "/proc",
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    host_pids_visible: bool | None = None,
 ) -> WaitOutcome:
     """Poll until `condition` holds for the `wanted` GPUs (all when empty) or `timeout` passes.
 
     `source` None means "no GPU here": only the host and pid conditions are waited for.
+    `host_pids_visible` says whether the driver's pids are pids of `proc_root` (default: decided
+    by :func:`sees_host_pids`); gpu_reclaim passes what its caller declared.
     Raises BadOption when `wanted` names a GPU that is not there or `timeout` or `poll_interval` is
     out of bounds (NaN, infinite, more than a day, a poll interval under 10 ms), GpuQueryError when a
     query fails.
@@ -329,7 +332,8 @@ def wait_for_release(
         outcome.judgement.add("released", Escalation.NONE, "released")
         return outcome
     table = ProcessTable.scan(proc_root)
-    outcome.holders = describe_holders(outcome.after, table, sees_host_pids(proc_root))
+    visible = sees_host_pids(proc_root) if host_pids_visible is None else host_pids_visible
+    outcome.holders = describe_holders(outcome.after, table, visible)
     outcome.judgement = judge(outcome.after, outcome.holders, condition, waiting)
     return outcome
 

@@ -1,0 +1,222 @@
+"""gpu_reclaim's options, who is spared and why, and the release view, on fixture trees and scripted GPUs.
+
+Signals are not sent here: the integration tests (tests/integration/test_gpu_reclaim.py) end real
+processes in a private PID namespace.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuProcess
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
+    ReclaimOptions,
+    _SparedView,
+    options_from_params,
+    plan_reclaim,
+    reclaim,
+    summary,
+)
+from tests.harness.clock import FakeClock
+from tests.harness.fakeproc import FakeProc
+
+TOTAL = 80 * 1024 * MIB
+
+
+def params(**overrides: Any) -> dict[str, Any]:
+    base = {
+        "devices": ["0"], "allow": [], "protected": [], "term_timeout": 10, "kill": True, "release_timeout": 60,
+        "poll_interval": 0.5, "max_used_mib": None, "query_timeout": 30, "driver_pids": "host",
+        "gpus_required": True, "backend": "auto", "nvidia_smi": "nvidia-smi",
+    }
+    base.update(overrides)
+    return base
+
+
+def device(index: int = 0, holders: dict[int, float | None] | None = None, base_mib: float = 4) -> GpuDevice:
+    holders = holders or {}
+    known = sum(mib for mib in holders.values() if mib is not None)
+    return GpuDevice(
+        index=index, uuid=f"GPU-{index:04d}", name="NVIDIA H100 80GB HBM3", total_bytes=TOTAL,
+        used_bytes=int((base_mib + known) * MIB), reserved_bytes=527 * MIB,
+        processes=tuple(GpuProcess(pid, None if mib is None else int(mib * MIB)) for pid, mib in holders.items()),
+    )
+
+
+class ScriptedSource:
+    """Answers each query with the next snapshot (the last one repeats)."""
+
+    backend = "scripted"
+
+    def __init__(self, snapshots: list[list[GpuDevice]]) -> None:
+        self.snapshots = snapshots
+        self.asked: list[list[int] | None] = []
+
+    def query(self, indices=None):
+        self.asked.append(indices)
+        snapshot = self.snapshots[min(len(self.asked) - 1, len(self.snapshots) - 1)]
+        return [d for d in snapshot if indices is None or d.index in indices]
+
+    def close(self):
+        pass
+
+
+# --- options ------------------------------------------------------------------------------------
+
+
+def test_an_empty_device_list_is_refused_never_read_as_all():
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(params(devices=[]))
+    assert caught.value.options == ["devices"]
+    assert "an empty list never means all" in str(caught.value)
+
+
+def test_all_is_the_explicit_word_and_stands_alone():
+    assert options_from_params(params(devices=["all"])).all_devices is True
+    assert options_from_params(params(devices=["ALL"])).devices == ()
+    assert options_from_params(params(devices=["0", "GPU-1"])).devices == ("0", "GPU-1")
+    with pytest.raises(OptionsInvalid, match="devices: 'all' stands alone"):
+        options_from_params(params(devices=["all", "0"]))
+    with pytest.raises(OptionsInvalid, match="devices: entries must not be empty"):
+        options_from_params(params(devices=["0", " "]))
+
+
+def test_every_bad_option_is_named_at_once():
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(params(
+            allow=["train(", r"ok\b"], protected=["[z"], term_timeout=math.nan, release_timeout=math.inf,
+            poll_interval=0, max_used_mib=-1, query_timeout=0, driver_pids="guess", nvidia_smi="",
+        ))
+    assert caught.value.options == [
+        "allow", "protected", "term_timeout", "release_timeout", "poll_interval", "query_timeout", "max_used_mib",
+        "driver_pids", "nvidia_smi"]
+    text = str(caught.value)
+    assert "allow: 'train(' is not a valid regular expression" in text
+    assert "term_timeout: must be a finite number of seconds, got nan" in text
+    assert "Traceback" not in text
+
+
+def test_the_default_protected_list_always_applies_and_protected_adds_to_it():
+    options = options_from_params(params(protected=[r"\bmy-agent\b"]))
+    patterns = [rx.pattern for rx in options.protected]
+    assert r"\bsshd\b" in patterns and patterns[-1] == r"\bmy-agent\b"
+
+
+# --- who is spared ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def proc(tmp_path) -> FakeProc:
+    fake = FakeProc(tmp_path / "proc")
+    fake.add(1, "sleep", ppid=0)
+    return fake
+
+
+def spared(plan) -> dict[int, str]:
+    return {entry["pid"]: entry["reason"] for entry in plan.spared}
+
+
+def test_plan_ends_unlisted_holders_and_spares_by_policy_with_reasons(proc):
+    proc.add(100, "sshd", cmdline=["sshd: ops"])                              # the connection: an ancestor
+    proc.add(101, "python3", ppid=100, cmdline=["python3", "AnsiballZ_gpu_reclaim.py"])  # the module itself
+    proc.add(200, "python3", cmdline=["python3", "/ci/job/train.py"])         # a leftover: the target
+    proc.add(201, "dcgm-exporter", cmdline=["/usr/bin/dcgm-exporter"])        # allow-listed
+    proc.add(202, "containerd", cmdline=["/usr/bin/containerd"])              # default protected
+    proc.add(203, "python3", state="Z", cmdline=[])                           # a plain zombie
+    proc.add(204, "ansible-playboo", cmdline=["/venv/bin/python", "/venv/bin/ansible-playbook", "x.yml"])
+    proc.add(205, "python3", pgid=77, cmdline=["python3", "helper.py"])       # in the module's process group
+    gpus = [device(0, {1: 10, 100: 10, 101: 10, 200: 4096, 201: 80, 202: 10, 203: 512, 204: 10, 205: 10, 999: 64})]
+    source = ScriptedSource([gpus])
+    options = options_from_params(params(allow=[r"^/usr/bin/dcgm-exporter\b"]))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=101, spare_group=77)
+    assert [holder.pid for holder in plan.targets] == [200]
+    assert spared(plan) == {1: "pid1", 100: "ancestor", 101: "ancestor", 201: "allow_listed", 202: "protected",
+                            203: "zombie", 204: "ansible", 205: "ansible", 999: "gone"}
+    assert plan.policy_spared_pids == {1, 100, 101, 201, 202, 204, 205}
+    (target,) = plan.targets
+    entry = target.entry()
+    assert entry["cmdline"] == "python3 /ci/job/train.py" and entry["gpus"] == [0] and entry["used_mib"] == 4096
+    # The table is read before the driver is asked for the holders (the identity rests on that order).
+    assert source.asked == [None, [0]]
+
+
+def test_a_holder_on_two_gpus_is_one_target_and_unchosen_gpus_are_left_alone(proc):
+    proc.add(300, "python3", cmdline=["python3", "ddp.py"])
+    proc.add(301, "python3", cmdline=["python3", "other.py"])
+    source = ScriptedSource([[device(0, {300: 1000}), device(1, {300: 1000}), device(2, {301: 50})]])
+    plan = plan_reclaim(source, options_from_params(params(devices=["0", "GPU-0001"])), str(proc.root), own_pid=1)
+    (target,) = plan.targets
+    assert target.pid == 300 and target.gpus == [0, 1] and target.used_mib == 2000
+    assert plan.indices == [0, 1] and [d.index for d in plan.before] == [0, 1]
+
+
+def test_an_unknown_gpu_names_the_option(proc):
+    source = ScriptedSource([[device(0)]])
+    with pytest.raises(BadOption, match="devices: no GPU 3 on this host"):
+        plan_reclaim(source, options_from_params(params(devices=["3"])), str(proc.root))
+
+
+def test_host_pids_seen_from_another_namespace_are_never_signalled(proc):
+    # A /proc whose pid namespace is not the host's: the driver's pid 200 is some other process here.
+    (proc.root / "self" / "ns").mkdir(parents=True)
+    (proc.root / "self" / "ns" / "pid").write_text("", encoding="ascii")
+    proc.add(200, "python3", cmdline=["python3", "unrelated.py"])
+    source = ScriptedSource([[device(0, {200: 4096})]])
+    plan = plan_reclaim(source, options_from_params(params()), str(proc.root), own_pid=1)
+    assert plan.targets == [] and spared(plan) == {200: "invisible"} and plan.host_pids_visible is False
+    # Declared to be this namespace's own pids, the holder is a target.
+    own = plan_reclaim(source, options_from_params(params(driver_pids="own_namespace")), str(proc.root), own_pid=1)
+    assert [holder.pid for holder in own.targets] == [200]
+
+
+# --- the release view and check mode ------------------------------------------------------------
+
+
+def test_spared_holders_are_left_out_of_the_release_condition():
+    view = _SparedView(ScriptedSource([[device(0, {201: 80, 200: 1000})]]), {201})
+    (seen,) = view.query()
+    assert [p.pid for p in seen.processes] == [200] and seen.used_mib == 1004
+    (raw,) = view.last
+    assert raw.used_mib == 1084
+    # Where the driver does not say what a spared holder uses, only the listing can count.
+    unknown = _SparedView(ScriptedSource([[device(0, {201: None}, base_mib=9000)]]), {201})
+    (seen,) = unknown.query()
+    assert seen.processes == () and seen.used_bytes == 0
+
+
+def test_check_mode_plans_signals_nothing_and_takes_one_look(proc):
+    proc.add(200, "python3", cmdline=["python3", "/ci/job/train.py"])
+    proc.add(201, "dcgm-exporter", cmdline=["/usr/bin/dcgm-exporter"])
+    source = ScriptedSource([[device(0, {200: 4096, 201: 80})]])
+    options = options_from_params(params(allow=["dcgm"]))
+    clock = FakeClock()
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
+    result = reclaim(source, options, check_mode=True, proc_root=str(proc.root), clock=clock, sleep=clock.sleep, plan=plan)
+    assert result.changed is True and result.signals == [] and result.ended == []
+    assert clock.sleeps == []  # one look, no wait
+    report = result.as_dict()
+    assert report["released"] is False and [t["pid"] for t in report["targets"]] == [200]
+    assert report["escalation"] == "signals"
+    assert [h["pid"] for h in report["holders"]] == [200]  # the spared holder is not what holds the release
+    assert summary(result).startswith("check mode: would end 1 holder(s) of GPU(s) 0; spared 1")
+
+
+def test_nothing_to_end_is_released_and_unchanged(proc):
+    proc.add(201, "dcgm-exporter", cmdline=["/usr/bin/dcgm-exporter"])
+    source = ScriptedSource([[device(0, {201: 80})]])
+    options = options_from_params(params(allow=["dcgm"]))
+    clock = FakeClock()
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
+    result = reclaim(source, options, proc_root=str(proc.root), clock=clock, sleep=clock.sleep, plan=plan)
+    assert result.changed is False and result.released is True
+    assert result.as_dict()["escalation"] == "none"
+    assert summary(result) == "nothing to end on GPU(s) 0; spared 1; released"
+
+
+def test_release_options_reach_the_wait():
+    options = ReclaimOptions(devices=("0",), max_used_mib=1024)
+    assert options.max_used_mib == 1024 and options.kill is True and not options.all_devices
