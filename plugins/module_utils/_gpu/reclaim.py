@@ -412,7 +412,7 @@ def reclaim(
     Outside check mode `proc_root` must be the table of the namespace this runs in: it is signalled.
     """
     if plan is None:
-        plan = plan_reclaim(source, options, proc_root, spare_group=os.getpgrp())
+        plan = plan_reclaim(source, options, proc_root, spare_group=own_group())
     result = ReclaimResult(plan, check_mode)
     if not check_mode and plan.targets:
         _end_targets(result, options, control or ProcessControl(proc_root), proc_root, clock, sleep)
@@ -438,11 +438,21 @@ def reclaim(
     return result
 
 
+def own_group() -> int | None:
+    """The process group of the Ansible process running this module: its members are spared.
+
+    None where the group's leader is outside this PID namespace (getpgrp() is 0 there, the number
+    every process whose group lies outside shares; sparing "group 0" would spare all of them).
+    """
+    group = os.getpgrp()
+    return group if group > 0 else None
+
+
 def _end_targets(result: ReclaimResult, options: ReclaimOptions, control: ProcessControl, proc_root: str,
                  clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
     """SIGTERM, `term_timeout`, SIGKILL: every signal through the gate, to the planned identity."""
     table = ProcessTable.scan(proc_root)
-    gate = SignalGate(Protection(table, options.protected), control, spare_group=os.getpgrp())
+    gate = SignalGate(Protection(table, options.protected), control, spare_group=own_group())
     began = clock()
     live: list[Holder] = []
     for holder in result.plan.targets:

@@ -1,0 +1,311 @@
+"""gpuops.relaunch.gpu_reclaim and playbooks/reclaim.yml against real processes and the simulated NVML.
+
+Everything that may signal runs inside a private PID namespace (``unshare --pid --fork --mount-proc
+--kill-child``): a scene script is its PID 1. The scene starts real holder processes, registers
+them with the simulated driver (tests/harness/simnvml) by their pids *in that namespace*, which is
+the "host" of this test (so the module runs with ``driver_pids: own_namespace``), runs
+ansible-playbook with a local connection inside the namespace, and reports what each run returned
+and which holders are still alive. If anything ever gave way, what it could end is only what the
+scene started; the namespace dies with the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.procstates import PYTHON
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PRIVATE_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+
+SCENE_PRELUDE = textwrap.dedent(r"""
+    import json, os, signal, subprocess, sys, time
+    from pathlib import Path
+    repo, work, venv_bin = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    sys.path[:0] = [str(repo / ".build" / "collections"), str(repo)]
+    from tests.harness.gpu_holder import SIMNVML_DIR, STATE_ENV, SimGpu
+    from tests.harness.procstates import ORPHAN, PYTHON
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+
+    # A holder: a sleeper whose command line carries its tag; "stubborn" ignores SIGTERM, and says
+    # it is ready only once it does.
+    HOLD = ("import signal, sys, time\n"
+            "if sys.argv[1] == 'stubborn':\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\n"
+            "while True:\n    time.sleep(3600)\n")
+
+    def start_holder(kind, tag):
+        proc = subprocess.Popen([PYTHON, "-c", HOLD, kind, tag], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    def state(pid):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            return None
+        return stat[stat.rindex(")") + 2]
+
+    def starttime(pid):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            return None
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+""")
+
+PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
+    gpu = SimGpu(work / "sim", teardown_delay=0.2)
+    gpu.directory.mkdir()
+    for _ in range(3):
+        gpu.add_device()
+    kinds = {"victim": ("plain", "ci/job/train.py", 0, 4096), "stubborn": ("stubborn", "ci/job/eval.py", 1, 2048),
+             "allowed": ("plain", "agent/dcgm-exporter", 0, 80), "guarded": ("plain", "agent/gpuops-guarded-monitor", 1, 64),
+             "elsewhere": ("plain", "ci/job/other.py", 2, 1024)}
+    holders = {}
+    for name, (kind, tag, device, mib) in kinds.items():
+        proc = start_holder(kind, f"{work}/{tag}")
+        holders[name] = {"pid": proc.pid, "starttime": starttime(proc.pid), "proc": proc}
+        gpu.register(proc.pid, mib, device)
+    gpu.register(1, 16, 0)  # this scene, PID 1 of the namespace, holds memory too
+
+    def alive():
+        return {name: starttime(h["pid"]) == h["starttime"] and state(h["pid"]) not in (None, "Z")
+                for name, h in holders.items()}
+
+    previous_shell = None
+
+    def play(name, extra_vars, playbook=str(repo / "playbooks" / "reclaim.yml"), check=False):
+        global previous_shell
+        (work / f"{name}.json").write_text(json.dumps(extra_vars))
+        cmd = [f"{venv_bin}/ansible-playbook", "-i", "localhost,", "-c", "local", playbook, "-e", f"@{work}/{name}.json"]
+        cmd += ["--check"] if check else []
+        env = dict(os.environ, ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+                   ANSIBLE_LOCAL_TEMP=str(work / "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_SHOW_CUSTOM_STATS="1", PATH=f"{venv_bin}:{os.environ['PATH']}",
+                   **gpu.env())
+        # The controller's parent shell is an ancestor of the module, and it holds GPU memory: it is
+        # registered before the controller starts ("read go"), so no run can miss it.
+        shell = subprocess.Popen(["/bin/sh", "-c", 'read go; "$@"', "sh", *cmd], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(repo), env=env, text=True,
+                                 start_new_session=True)
+        gpu.holders = [h for h in gpu.holders if h["pid"] != previous_shell]
+        gpu.register(shell.pid, 8, 0)
+        previous_shell = shell.pid
+        out, err = shell.communicate("go\n", timeout=400)
+        try:
+            parsed = json.loads(out)
+        except ValueError:
+            parsed = {}
+        tasks = {}
+        for play_ in parsed.get("plays", []):
+            for task in play_.get("tasks", []):
+                for host, result in task.get("hosts", {}).items():
+                    tasks[task["task"]["name"]] = result
+        return {"rc": shell.returncode, "tasks": tasks, "custom_stats": parsed.get("global_custom_stats", {}),
+                "stderr": err[-3000:], "stdout": out[-3000:] if not parsed else "", "shell": shell.pid,
+                "alive": alive()}
+
+    common = {"reclaim_allow": [r"/agent/dcgm-exporter\b"], "reclaim_protected": [r"gpuops-guarded"],
+              "reclaim_term_timeout": 1.5, "reclaim_release_timeout": 30, "reclaim_poll_interval": 0.1,
+              "reclaim_driver_pids": "own_namespace", "ansible_python_interpreter": PYTHON}
+    bad = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"name": name, "gpuops.relaunch.gpu_reclaim": dict({"devices": [0, 1], "driver_pids": "own_namespace"}, **args),
+         "ignore_errors": True}
+        for name, args in [("empty devices", {"devices": []}), ("bad regex", {"allow": ["ok", "train("]}),
+                           ("NaN timeout", {"term_timeout": "nan"}), ("everything wrong", {"devices": [], "protected": ["[x"],
+                            "release_timeout": "inf", "poll_interval": 0}),
+                           ("unknown GPU", {"devices": ["7"]})]]}]
+    (work / "bad.yml").write_text(json.dumps(bad))
+    report = {"pids": {name: h["pid"] for name, h in holders.items()}}
+    report["bad_options"] = play("bad_options", {"ansible_python_interpreter": PYTHON}, playbook=str(work / "bad.yml"))
+    report["no_devices"] = play("no_devices", dict(common, reclaim_devices=[]))
+    report["check"] = play("check", dict(common, reclaim_devices=[0, 1]), check=True)
+    report["real"] = play("real", dict(common, reclaim_devices=[0, 1]))
+    report["again"] = play("again", dict(common, reclaim_devices=[0, 1]))
+    print(json.dumps(report))
+""")
+
+RECYCLE_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
+    # PID 1 of a fresh namespace where nobody else forks: ns_last_pid makes a new process take
+    # exactly the pid of the one that just exited.
+    gpu = SimGpu(work / "sim", teardown_delay=0.2)
+    gpu.directory.mkdir()
+    gpu.add_device()
+    sys.path.insert(0, str(SIMNVML_DIR))
+    os.environ[STATE_ENV] = str(gpu.state_path)
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import NvmlSession
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
+        options_from_params, plan_reclaim, reclaim)
+
+    params = {"devices": ["0"], "allow": [], "protected": [], "term_timeout": 1, "kill": True, "release_timeout": 10,
+              "poll_interval": 0.05, "max_used_mib": None, "query_timeout": 10, "driver_pids": "own_namespace",
+              "gpus_required": True, "backend": "pynvml", "nvidia_smi": "nvidia-smi"}
+    options = options_from_params(params)
+    source = NvmlSession(10)
+    report = {}
+
+    target = start_holder("plain", "/w/ci/train.py")
+    gpu.register(target.pid, 4096)
+    plan = plan_reclaim(source, options)
+    report["planned"] = [h.pid for h in plan.targets]
+    target.kill()
+    target.wait()
+    # Start times count clock ticks: let one pass so the newcomer cannot share the target's.
+    first = starttime(1)
+    probe = [PYTHON, "-c", "print(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])"]
+    while int(subprocess.run(probe, capture_output=True, text=True).stdout) <= max(first, plan.targets[0].process.starttime):
+        pass
+    with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
+        handle.write(str(target.pid - 1))
+    newcomer = start_holder("plain", "/w/ci/train.py")  # the very same command line, the very same pid
+    report["target"], report["newcomer"] = target.pid, newcomer.pid
+    result = reclaim(source, options, plan=plan).as_dict()
+    report["recycled"] = {key: result[key] for key in ("signals", "spared", "ended", "released", "changed", "escalation")}
+    report["newcomer_alive"] = newcomer.poll() is None
+
+    # A holder left a zombie under this init, which never reaps it, its teardown stuck until it is
+    # reaped: no signal helps, and gpu_mem_wait's rules say only a restart of the container does.
+    maker = subprocess.Popen([PYTHON, "-c", ORPHAN], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    orphan = int(dict(item.split("=") for item in maker.stdout.readline().split())["orphan"])
+    gpu.register(orphan, 2048, stuck_teardown=True)
+    os.kill(orphan, signal.SIGKILL)  # started here, recorded pid, not yet reaped: it cannot be anyone else
+    Deadline(10).poll(lambda: state(orphan) == "Z", 0.02)
+    stuck = reclaim(source, options_from_params(dict(params, release_timeout=0.5))).as_dict()
+    report["stuck"] = {key: stuck[key] for key in ("spared", "signals", "released", "escalation", "findings", "holders")}
+    os.waitpid(orphan, 0)
+    source.close()
+    for proc in (newcomer, maker):
+        proc.kill()
+        proc.wait()
+    print(json.dumps(report))
+""")
+
+
+def run_scene(script: str, work: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [*PRIVATE_PID_NAMESPACE, PYTHON, "-c", script, str(REPO), str(work), str(BIN)],
+        capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def playbook_scene(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_scene(PLAYBOOK_SCENE, tmp_path_factory.mktemp("reclaim"))
+
+
+TASK = "End what holds the GPUs and is not spared, then wait for the release"
+
+
+def _reasons(result: dict[str, Any]) -> dict[int, str]:
+    return {entry["pid"]: entry["reason"] for entry in result["spared"]}
+
+
+def test_reclaim_ends_the_unlisted_holders_and_spares_the_allow_listed_and_protected(playbook_scene):
+    run, pids = playbook_scene["real"], playbook_scene["pids"]
+    assert run["rc"] == 0, run["stderr"] + run["stdout"]
+    result = run["tasks"][TASK]
+    assert result["changed"] is True and result["released"] is True, result["msg"]
+    assert sorted(e["pid"] for e in result["ended"]) == sorted([pids["victim"], pids["stubborn"]])
+    by_pid = {e["pid"]: e for e in result["ended"]}
+    assert by_pid[pids["victim"]]["signal"] == "SIGTERM" and "ci/job/train.py" in by_pid[pids["victim"]]["cmdline"]
+    # The holder that ignores SIGTERM got SIGKILL once term_timeout had passed.
+    assert by_pid[pids["stubborn"]]["signal"] == "SIGKILL"
+    stubborn = [(s["signal"], s["result"]) for s in result["signals"] if s["pid"] == pids["stubborn"]]
+    assert stubborn == [("SIGTERM", "sent"), ("SIGKILL", "sent")]
+    kill_at = next(s["elapsed"] for s in result["signals"] if s["signal"] == "SIGKILL")
+    assert kill_at >= 1.5
+    reasons = _reasons(result)
+    assert reasons[pids["allowed"]] == "allow_listed" and reasons[pids["guarded"]] == "protected"
+    assert reasons[1] == "pid1" and reasons[run["shell"]] == "ancestor"
+    assert pids["elsewhere"] not in reasons  # GPU 2 was not chosen: its holder is not even looked at
+    assert run["alive"] == {"victim": False, "stubborn": False, "allowed": True, "guarded": True, "elsewhere": True}
+    # Per-device memory: GPU 0 keeps what the spared holders use.
+    gpus = {g["index"]: g for g in result["gpus"]}
+    assert set(gpus) == {0, 1}
+    assert gpus[0]["used_mib_before"] == 4 + 4096 + 80 + 16 + 8 and gpus[0]["used_mib_after"] == 4 + 80 + 16 + 8
+    assert gpus[1]["used_mib_after"] == 4 + 64
+    assert result["escalation"] == "none" and result["findings"][0]["kind"] == "released"
+    summary = run["custom_stats"]["reclaim_summary"]["localhost"]
+    assert summary["released"] is True and sorted(e["pid"] for e in summary["ended"]) == sorted(by_pid)
+
+
+def test_a_second_run_once_released_changes_nothing(playbook_scene):
+    first, again = playbook_scene["real"]["tasks"][TASK], playbook_scene["again"]
+    assert again["rc"] == 0, again["stderr"]
+    result = again["tasks"][TASK]
+    assert result["changed"] is False and result["released"] is True
+    assert result["ended"] == [] and result["signals"] == [] and result["targets"] == []
+    same = {pid: reason for pid, reason in _reasons(first).items() if pid != playbook_scene["real"]["shell"]}
+    assert {pid: reason for pid, reason in _reasons(result).items() if pid != again["shell"]} == same
+    assert result["msg"].startswith("nothing to end on GPU(s) 0, 1")
+
+
+def test_check_mode_reports_what_it_would_end_and_ends_nothing(playbook_scene):
+    run, pids = playbook_scene["check"], playbook_scene["pids"]
+    assert run["rc"] == 0, run["stderr"]
+    result = run["tasks"][TASK]
+    assert result["changed"] is True and result["signals"] == [] and result["ended"] == []
+    assert sorted(t["pid"] for t in result["targets"]) == sorted([pids["victim"], pids["stubborn"]])
+    assert result["msg"].startswith("check mode: would end 2 holder(s)")
+    assert all(run["alive"].values()), run["alive"]
+    summary = run["custom_stats"]["reclaim_summary"]["localhost"]
+    assert summary["check_mode"] is True and summary["ended"] == []
+    assert sorted(summary["would_end"]) == sorted([pids["victim"], pids["stubborn"]])
+
+
+def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
+    run = playbook_scene["bad_options"]
+    tasks = run["tasks"]
+    expected = {
+        "empty devices": ["devices"],
+        "bad regex": ["allow"],
+        "NaN timeout": ["term_timeout"],
+        "everything wrong": ["devices", "protected", "release_timeout", "poll_interval"],
+        "unknown GPU": ["devices"],
+    }
+    for name, options in expected.items():
+        result = tasks[name]
+        assert result["failed"] is True and result["changed"] is False, (name, result)
+        assert [p["option"] for p in result["option_problems"]] == options, (name, result)
+        assert "Traceback" not in json.dumps(result) and "signals" not in result, name
+    assert "allow: 'train(' is not a valid regular expression" in tasks["bad regex"]["msg"]
+    assert "term_timeout: must be a finite number of seconds, got nan" in tasks["NaN timeout"]["msg"]
+    assert "an empty list never means all" in tasks["empty devices"]["msg"]
+    assert "devices: no GPU 7 on this host" in tasks["unknown GPU"]["msg"]
+    assert all(run["alive"].values()), run["alive"]
+    # The playbook refuses an empty reclaim_devices itself, naming its variable.
+    refused = playbook_scene["no_devices"]
+    assert refused["rc"] != 0 and all(refused["alive"].values())
+    assert "reclaim_devices must list the GPUs" in refused["tasks"]["Refuse a run that does not name the GPUs"]["msg"]
+
+
+def test_a_recycled_pid_is_not_signalled_and_a_stuck_zombie_needs_a_container_restart(tmp_path):
+    report = run_scene(RECYCLE_SCENE, tmp_path)
+    assert report["planned"] == [report["target"]] and report["newcomer"] == report["target"]
+    recycled = report["recycled"]
+    assert [(s["signal"], s["result"]) for s in recycled["signals"]] == [("SIGTERM", "recycled")]
+    assert [(e["pid"], e["reason"]) for e in recycled["spared"]] == [(report["target"], "recycled")]
+    assert recycled["ended"] == [] and recycled["changed"] is False
+    assert report["newcomer_alive"] is True
+    assert recycled["released"] is True  # the planned holder is gone; the newcomer holds nothing
+
+    stuck = report["stuck"]
+    assert stuck["released"] is False and stuck["signals"] == []
+    assert [e["reason"] for e in stuck["spared"]] == ["zombie"]
+    assert stuck["escalation"] == "container_reboot"
+    (holder,) = stuck["holders"]
+    assert holder["kind"] == "zombie" and holder["parent"]["pid"] == 1
+    assert stuck["findings"][0]["kind"] == "zombie" and stuck["findings"][0]["escalation"] == "container_reboot"
