@@ -394,7 +394,7 @@ class Connection(ConnectionBase):
         key = self.get_option("private_key_file")
         text = " ".join(shlex.quote(arg) for arg in argv)
         if key:
-            for form in {to_text(key), os.path.expanduser(to_text(key))}:
+            for form in (os.path.expanduser(to_text(key)), to_text(key)):
                 text = text.replace(form, REDACTED_KEY)
         return text
 
