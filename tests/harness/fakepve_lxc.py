@@ -35,10 +35,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
 import os
 import secrets
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -685,3 +687,157 @@ def proxmox_lab(
         for extra in lab.extra_containers if lab else []:
             extra.destroy()
         container.destroy()
+
+
+# ------------------------------------------------------------------------ a lab outside pytest
+# For Molecule (extensions/molecule/container_reset), whose create and destroy playbooks run it as
+# a command:
+#
+#     python -m tests.harness.fakepve_lxc up DIR [--vmid 200 --hostname NAME --node pve1]
+#     python -m tests.harness.fakepve_lxc down DIR
+#
+# `up` starts `serve DIR` in a session of its own (stdio to DIR/lab.log) and returns once the lab
+# runs: fakepve over HTTPS on 127.0.0.1 with one bridged LXC container, an API token, and
+# DIR/lab.json (mode 0600) saying what was started (the server process's pid and start time, the
+# container's name, lxcpath and init) and how to reach it (host, port, user, token, password, CA).
+# A lab that already runs is left alone. `down` asks the server to stop through the FIFO
+# DIR/control (no signal), waits until that very process is gone, then destroys the container by
+# its recorded name if it is still there, and removes DIR. Each prints one JSON line with `changed`.
+# The server's own end (the lab's context manager) stops the server and destroys the container.
+
+LAB_STATE = "lab.json"
+LAB_CONTROL = "control"
+LAB_LOG = "lab.log"
+LAB_TOKEN = "molecule"
+LAB_START_TIMEOUT = 120
+LAB_STOP_TIMEOUT = 120
+
+
+def _read_lab(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / LAB_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _lab_alive(record: dict[str, Any]) -> bool:
+    return process_starttime(int(record["pid"])) == int(record["starttime"])
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` (mode 0600) through a temporary file and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+def serve_lab(directory: str | os.PathLike, vmid: int, hostname: str, node: str) -> None:
+    """Run a lab in DIR until "stop" arrives on DIR/control; DIR/lab.json describes it meanwhile."""
+    directory = Path(directory).resolve()
+    control = directory / LAB_CONTROL
+    control.unlink(missing_ok=True)
+    os.mkfifo(control, 0o600)
+    try:
+        with proxmox_lab(directory, vmid=vmid, hostname=hostname, node=node, time_scale=0.01) as lab:
+            token = lab.server.add_token(lab.user, LAB_TOKEN)
+            init = lab.container.init_id
+            record = {
+                "pid": os.getpid(), "starttime": process_starttime(os.getpid()),
+                "host": lab.server.host, "port": lab.server.port, "user": lab.user,
+                "password": lab.password, "token_id": LAB_TOKEN, "token_secret": token,
+                "ca_path": lab.pki.ca_path, "node": node, "vmid": vmid, "hostname": hostname,
+                "container": lab.container.name, "lxcpath": lab.container.lxcpath,
+                "init_pid": init.pid if init else None, "init_starttime": init.starttime if init else None,
+            }
+            _write_private(directory / LAB_STATE, json.dumps(record) + "\n")
+            while True:
+                # Blocks until a writer opens the FIFO; returns at the writer's close.
+                with open(control, encoding="utf-8") as fifo:
+                    if "stop" in fifo.read().split():
+                        break
+    finally:
+        (directory / LAB_STATE).unlink(missing_ok=True)
+        control.unlink(missing_ok=True)
+
+
+def lab_up(directory: str | os.PathLike, vmid: int, hostname: str, node: str) -> dict[str, Any]:
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    record = _read_lab(directory)
+    if record is not None and _lab_alive(record):
+        return {"changed": False, "pid": record["pid"], "container": record["container"]}
+    if (directory / "lxc" / str(vmid)).exists():
+        raise ContainerError(f"{directory}: container {vmid} is there but no lab runs; run `down {directory}` first")
+    env = dict(os.environ)
+    here = Path(__file__).resolve()
+    repo = here.parents[2]
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(repo), str(repo / ".build" / "collections"), env.get("PYTHONPATH", "")]))
+    with open(directory / LAB_LOG, "ab") as log:
+        server = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "tests.harness.fakepve_lxc", "serve", str(directory), "--vmid", str(vmid),
+             "--hostname", hostname, "--node", node],
+            cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def ready() -> dict[str, Any] | None:
+        found = _read_lab(directory)
+        if found is not None and int(found["pid"]) == server.pid:
+            return found
+        if server.poll() is not None:
+            tail = (directory / LAB_LOG).read_text(encoding="utf-8", errors="replace")[-3000:]
+            raise ContainerError(f"the lab server exited with {server.returncode}:\n{tail}")
+        return None
+
+    record = wait_until(ready, timeout=LAB_START_TIMEOUT, what=f"the lab in {directory} to start", interval=0.1)
+    return {"changed": True, "pid": record["pid"], "container": record["container"]}
+
+
+def lab_down(directory: str | os.PathLike) -> dict[str, Any]:
+    directory = Path(directory).resolve()
+    if not directory.exists():
+        return {"changed": False}
+    record = _read_lab(directory)
+    changed = False
+    if record is not None and _lab_alive(record):
+        try:
+            fd = os.open(directory / LAB_CONTROL, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as exc:  # ENXIO: no reader (yet or any more)
+            raise ContainerError(f"the lab server {record['pid']} does not read {directory / LAB_CONTROL}: {exc}") from exc
+        with os.fdopen(fd, "w", encoding="utf-8") as control:
+            control.write("stop\n")
+        wait_until(lambda: not _lab_alive(record), timeout=LAB_STOP_TIMEOUT,
+                   what=f"the lab server {record['pid']} to stop")
+        changed = True
+    # What the server's own end did not remove (it died, say): the containers it made, by name.
+    lxcpath = directory / "lxc"
+    for name in sorted(os.listdir(lxcpath)) if lxcpath.is_dir() else []:
+        if name.isdigit():
+            LxcContainer(name, str(lxcpath), hostname="").destroy()
+            changed = True
+    shutil.rmtree(directory)
+    return {"changed": changed}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse  # pylint: disable=import-outside-toplevel
+
+    parser = argparse.ArgumentParser(prog="python -m tests.harness.fakepve_lxc", description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=("up", "down", "serve"))
+    parser.add_argument("directory")
+    parser.add_argument("--vmid", type=int, default=200)
+    parser.add_argument("--hostname", default="gpu-train-01")
+    parser.add_argument("--node", default="pve1")
+    args = parser.parse_args(argv)
+    if args.action == "serve":
+        serve_lab(args.directory, args.vmid, args.hostname, args.node)
+        return
+    result = lab_up(args.directory, args.vmid, args.hostname, args.node) if args.action == "up" else lab_down(args.directory)
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
