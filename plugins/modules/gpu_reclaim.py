@@ -124,8 +124,8 @@ options:
         every holder is reported with reason V(invisible) (run the module on the host instead).
       - V(own_namespace) says the driver's pids are pids of the namespace the module runs in (a
         runtime that shares or translates them, or the collection's simulated driver in a test
-        namespace). Set it only where that is known: a wrong V(own_namespace) would signal whatever
-        process has the same number here.
+        namespace). Set it only where that is known, because a wrong V(own_namespace) would signal
+        whatever process has the same number here.
     type: str
     choices: [host, own_namespace]
     default: host
@@ -166,7 +166,7 @@ attributes:
         holders are, in the PID namespace whose pids the driver lists (normally the host).
 notes:
   - Only the holders themselves are ended, not their children that do not hold the GPU (a data
-    loader worker, say): they are orphaned and keep running.
+    loader worker, say); they are orphaned and keep running.
   - C(changed) is true when a signal was delivered.
 seealso:
   - module: gpuops.relaunch.gpu_mem_wait
@@ -235,7 +235,7 @@ spared:
   description:
     - Holders that were not signalled, with C(reason) and C(detail). Reasons by policy (they keep
       their memory, the release does not count them) are V(allow_listed), V(protected), V(ancestor),
-      V(pid1) and V(ansible). The others must still let go of the GPU for the release:
+      V(pid1) and V(ansible). The others must still let go of the GPU for the release, they are
       V(zombie) (no signal ends it), V(gone) (listed, but no such process), V(recycled) (its pid now
       belongs to another process, which was not signalled), V(appeared) (newer than the look),
       V(invisible) (a host pid seen from another PID namespace, see O(driver_pids)) and V(denied).
@@ -273,7 +273,7 @@ holders:
   sample: []
 escalation:
   description:
-    - What it takes to free what is still held, in the collection's one vocabulary, least force first:
+    - What it takes to free what is still held, in the collection's one vocabulary, least force first,
       V(none), V(signals), V(container_reboot) or V(host_action) (see M(gpuops.relaunch.gpu_mem_wait)).
   returned: success
   type: str
@@ -296,7 +296,9 @@ findings:
   elements: dict
   sample: [{kind: released, escalation: none, pids: [], why: released}]
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was queried or signalled.
+  description:
+    - Every problem found with the options (each with its RV(option_problems[].option) and
+      RV(option_problems[].reason)); nothing was signalled.
   returned: when the options were refused
   type: list
   elements: dict

@@ -470,7 +470,8 @@ def _end_targets(result: ReclaimResult, options: ReclaimOptions, control: Proces
 def _send(result: ReclaimResult, gate: SignalGate, holder: Holder, sig: signal.Signals, began: float,
           clock: Callable[[], float]) -> bool:
     """Signal one holder through the gate; True if delivered. A holder not reached joins `spared`."""
-    assert holder.process is not None
+    if holder.process is None:  # only holders found in the table are targets
+        raise ValueError(f"pid {holder.pid} is not a planned target")
     identity = Identity.of(holder.process)
     outcome = gate.send(identity, sig)
     result.signals.append({"pid": holder.pid, "starttime": identity.starttime, "signal": sig.name, "result": outcome,
@@ -493,7 +494,8 @@ def _still_running(control: ProcessControl, holders: list[Holder]) -> list[Holde
     """The holders whose process still has a live thread (a zombie has ended; its parent reaps it)."""
     running = []
     for holder in holders:
-        assert holder.process is not None
+        if holder.process is None:
+            continue
         now = control.current(Identity.of(holder.process))
         if now is not None and (not now.is_zombie or any(t.state not in ("Z", "X") for t in control.threads(now.pid))):
             running.append(holder)
