@@ -26,7 +26,8 @@ description:
     Ansible's global C(host_key_checking) setting; see O(host_key_checking).
   - Authentication is by key or by an SSH agent only (C(BatchMode=yes)). Passwords are neither
     asked for nor passed to C(ssh); C(ansible_password) is ignored. Nothing this plugin logs names
-    the private key file, at any verbosity.
+    the private key file, at any verbosity, and for a task with C(no_log) the command line it logs
+    at C(-vvv) leaves out the command run in the container.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 requirements:
@@ -389,9 +390,12 @@ class Connection(ConnectionBase):
         argv += ["--", self._node()]
         return argv
 
-    def _shown(self, argv: list[str]) -> str:
-        """A command line fit for the log: the private key file is never named."""
+    def _shown(self, argv: list[str], command: bool = False) -> str:
+        """A command line fit for the log: the private key file is never named, and the command
+        (the last word when `command`) is hidden for a task with ``no_log``."""
         key = self.get_option("private_key_file")
+        if command and getattr(self._play_context, "no_log", False):
+            argv = argv[:-1] + ["<command hidden: no_log>"]
         text = " ".join(shlex.quote(arg) for arg in argv)
         if key:
             for form in (os.path.expanduser(to_text(key)), to_text(key)):
@@ -411,7 +415,7 @@ class Connection(ConnectionBase):
         for reading, or None (no input); `stdout_file` a file opened for writing, or None (collected)."""
         remote = self._pct_exec(script)
         argv = self._ssh_argv() + [remote]
-        display.vvv(f"SSH: {self._shown(argv)}", host=self._node())
+        display.vvv(f"SSH: {self._shown(argv, command=True)}", host=self._node())
         if stdin is None:
             stdin_arg: t.Any = subprocess.DEVNULL
         elif isinstance(stdin, bytes):
@@ -463,7 +467,6 @@ class Connection(ConnectionBase):
                 "gpuops.relaunch.pct_ssh does not answer become password prompts: tasks already run as root in "
                 "the container; use become only with a method that needs no password"
             )
-        display.vvv(f"PCT EXEC {self._vmid()}: {cmd}", host=self._node())
         rc, out, err = self._run(cmd, stdin=in_data)
         self._check_reached(rc, err)
         return rc, out, err

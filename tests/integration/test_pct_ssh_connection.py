@@ -140,6 +140,23 @@ def test_a_pipelined_module_task_is_one_pct_exec_over_one_login(node, tmp_path, 
     assert len(shared_connections(control_dir)) == 1
 
 
+def test_hosts_on_one_node_run_at_once_and_end_up_sharing_one_connection(node, tmp_path, control_dir):
+    """Four inventory hosts (the same container, as four containers of one node would be), forks 4,
+    no shared connection yet: the first tasks race to start one; every task still runs once."""
+    hosts = {f"ct{n}": node.pct_ssh_host_vars(VMID, control_dir) for n in range(4)}
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"all": {"hosts": hosts}}), encoding="utf-8")
+    calls = node.pct_calls(vmid=VMID)
+
+    run = run_playbook(play(HOSTNAME_TASK, PING_TASK), inventory=str(inv), extra_args=["--forks", "4"])
+
+    assert run.rc == 0, explain(run)
+    assert sorted(r["_host"] for r in run.tasks["hostname"]) == sorted(hosts)
+    assert {r["stdout"] for r in run.tasks["hostname"]} == {HOSTNAME}
+    assert node.pct_calls(vmid=VMID) - calls == 8, node.pct_call_log()
+    assert len(shared_connections(control_dir)) == 1
+
+
 def test_copy_template_and_fetch_work_inside_the_container(node, ct_lab, tmp_path, control_dir):
     template = tmp_path / "train.env.j2"
     template.write_text("JOB={{ job_name }}\nVMID={{ proxmox_vmid }}\n", encoding="utf-8")

@@ -151,3 +151,14 @@ def test_output_is_read_until_the_child_exits_not_until_its_descendants_close_th
         if hold_read >= 0:
             os.close(hold_read)
         os.close(hold_write)  # the descendant (cat) reads end of file and exits
+
+
+def test_a_no_log_task_s_command_is_not_shown(tmp_path):
+    conn = connection(tmp_path)
+    argv = conn._ssh_argv() + [conn._pct_exec("echo s3cret")]  # pylint: disable=protected-access
+
+    assert "s3cret" in conn._shown(argv, command=True)  # pylint: disable=protected-access
+    conn._play_context.no_log = True  # pylint: disable=protected-access
+    shown = conn._shown(argv, command=True)  # pylint: disable=protected-access
+
+    assert "s3cret" not in shown and shown.endswith("'<command hidden: no_log>'")
