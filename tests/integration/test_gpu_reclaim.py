@@ -85,7 +85,7 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
 
     previous_shell = None
 
-    def play(name, extra_vars, playbook=str(repo / "playbooks" / "reclaim.yml"), check=False):
+    def play(name, extra_vars, playbook="gpuops.relaunch.reclaim", check=False):
         global previous_shell
         (work / f"{name}.json").write_text(json.dumps(extra_vars))
         cmd = [f"{venv_bin}/ansible-playbook", "-i", "localhost,", "-c", "local", playbook, "-e", f"@{work}/{name}.json"]
