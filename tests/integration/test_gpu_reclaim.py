@@ -33,7 +33,7 @@ SCENE_PRELUDE = textwrap.dedent(r"""
     repo, work, venv_bin = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     sys.path[:0] = [str(repo / ".build" / "collections"), str(repo)]
     from tests.harness.gpu_holder import SIMNVML_DIR, STATE_ENV, SimGpu
-    from tests.harness.procstates import ORPHAN, PYTHON
+    from tests.harness.procstates import ORPHAN, PYTHON, ZOMBIE_LEADER
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 
     # A holder: a sleeper whose command line carries its tag; "stubborn" ignores SIGTERM, and says
@@ -173,6 +173,17 @@ RECYCLE_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
     report["recycled"] = {key: result[key] for key in ("signals", "spared", "ended", "released", "changed", "escalation")}
     report["newcomer_alive"] = newcomer.poll() is None
 
+    # A Zl leader (main thread gone, a thread runs on and holds the GPU) is a target: its command
+    # line is read from the live thread, and a signal to it ends the thread group.
+    leader_maker = subprocess.Popen([PYTHON, "-c", ZOMBIE_LEADER, "", "/w/ci/zl-train.py"], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
+    leader = int(dict(item.split("=") for item in leader_maker.stdout.readline().split())["zombie"])
+    gpu.register(leader, 1024)
+    zl = reclaim(source, options).as_dict()
+    report["zombie_leader"] = {"pid": leader, **{key: zl[key] for key in ("targets", "ended", "released", "spared")}}
+    leader_maker.kill()
+    leader_maker.wait()
+
     # A holder left a zombie under this init, which never reaps it, its teardown stuck until it is
     # reaped: no signal helps, and gpu_mem_wait's rules say only a restart of the container does.
     maker = subprocess.Popen([PYTHON, "-c", ORPHAN], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
@@ -292,7 +303,7 @@ def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
     assert "reclaim_devices must list the GPUs" in refused["tasks"]["Refuse a run that does not name the GPUs"]["msg"]
 
 
-def test_a_recycled_pid_is_not_signalled_and_a_stuck_zombie_needs_a_container_restart(tmp_path):
+def test_a_recycled_pid_is_not_signalled_a_zombie_leader_is_ended_and_a_stuck_zombie_needs_a_container_restart(tmp_path):
     report = run_scene(RECYCLE_SCENE, tmp_path)
     assert report["planned"] == [report["target"]] and report["newcomer"] == report["target"]
     recycled = report["recycled"]
@@ -301,6 +312,11 @@ def test_a_recycled_pid_is_not_signalled_and_a_stuck_zombie_needs_a_container_re
     assert recycled["ended"] == [] and recycled["changed"] is False
     assert report["newcomer_alive"] is True
     assert recycled["released"] is True  # the planned holder is gone; the newcomer holds nothing
+
+    zl = report["zombie_leader"]
+    assert [t["pid"] for t in zl["targets"]] == [zl["pid"]] and "zl-train.py" in zl["targets"][0]["cmdline"]
+    assert [(e["pid"], e["signal"], e["now"]) for e in zl["ended"]] == [(zl["pid"], "SIGTERM", "zombie")]
+    assert zl["released"] is True
 
     stuck = report["stuck"]
     assert stuck["released"] is False and stuck["signals"] == []

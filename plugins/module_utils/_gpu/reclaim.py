@@ -46,6 +46,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     ProcessTable,
     compile_patterns,
     read_process,
+    read_small,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     DEFAULT_PROTECTED,
@@ -232,15 +233,17 @@ def plan_reclaim(
     visible = options.driver_pids == "own_namespace" or sees_host_pids(proc_root)
     table, devices = _look(source, indices, proc_root, visible)
     plan = ReclaimPlan(indices, before, visible)
-    protection = Protection(table, options.protected, own_pid)
     holders: dict[int, Holder] = {}
     for device in devices:
         for listed in device.processes:
             holders.setdefault(listed.pid, Holder(listed.pid, process=table.processes.get(listed.pid))).add(device, listed.used_bytes)
+    for holder in holders.values():
+        if holder.process is not None:
+            holder.exe = _executable(table, holder.process)
+    # Before any pattern is matched: Protection reads the command lines from the same table.
+    protection = Protection(table, options.protected, own_pid)
     for pid in sorted(holders):
         holder = holders[pid]
-        if holder.process is not None:
-            holder.exe = _exe(proc_root, pid)
         reason, detail = _why_spared(holder, visible, protection, options, spare_group, proc_root)
         if reason is None:
             plan.targets.append(holder)
@@ -267,11 +270,27 @@ def _look(source: GpuSource, indices: list[int], proc_root: str, visible: bool) 
     return table, devices
 
 
-def _exe(proc_root: str, pid: int) -> str:
+def _executable(table: ProcessTable, process: Process) -> str:
+    """The executable of `process`; for a zombie leader whose threads run on
+    (``Zl``), also fills in its command line from a live thread.
+
+    A ``Zl`` leader's own ``cmdline`` and ``exe`` are empty, but its live threads still run the
+    program: without this, an allow-listed or protected program whose main thread exited would
+    match nothing and be ended.
+    """
+    base = f"{table.proc_root}/{process.pid}"
+    if process.is_zombie and process.threads > 1:
+        live = [t for t in table.load_threads(process.pid) if t.state not in ("Z", "X")]
+        if not live:
+            return ""
+        base = f"{base}/task/{live[0].tid}"
+        raw = read_small(f"{base}/cmdline")
+        if raw:
+            process.cmdline = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     try:
-        return os.readlink(f"{proc_root}/{pid}/exe")
+        return os.readlink(f"{base}/exe")
     except OSError:
-        return ""  # a kernel thread, a zombie, or not ours to read
+        return ""  # a kernel thread, a plain zombie, or not ours to read
 
 
 def _why_spared(

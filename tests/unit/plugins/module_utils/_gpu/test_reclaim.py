@@ -220,3 +220,17 @@ def test_nothing_to_end_is_released_and_unchanged(proc):
 def test_release_options_reach_the_wait():
     options = ReclaimOptions(devices=("0",), max_used_mib=1024)
     assert options.max_used_mib == 1024 and options.kill is True and not options.all_devices
+
+
+def test_a_zombie_leader_is_judged_by_the_program_its_live_threads_run(proc):
+    # Zl: the main thread exited (its cmdline reads empty), another thread runs on and holds the GPU.
+    for pid, tag in ((400, "/usr/bin/dcgm-exporter"), (401, "python3 /ci/job/train.py")):
+        proc.add(pid, "leader", state="Z", threads=2, cmdline=[])
+        proc.add_thread(pid, pid, "leader", state="Z")
+        proc.add_thread(pid, pid + 100, "worker", state="S")
+        (proc.root / str(pid) / "task" / str(pid + 100) / "cmdline").write_bytes(tag.replace(" ", "\0").encode() + b"\0")
+    source = ScriptedSource([[device(0, {400: 80, 401: 4096})]])
+    plan = plan_reclaim(source, options_from_params(params(allow=[r"dcgm-exporter\b"])), str(proc.root), own_pid=1)
+    assert spared(plan) == {400: "allow_listed"}
+    (target,) = plan.targets
+    assert target.pid == 401 and target.entry()["cmdline"] == "python3 /ci/job/train.py"
