@@ -6,6 +6,14 @@ Prints a few set-up lines, then "step 1 loss=..." (the ready line), then a step 
 --step-interval seconds until SIGTERM. It can start worker processes the way data loaders do and
 orphan them (their parent exits at once, so they are adopted by the nearest subreaper, or by PID 1),
 end with a given exit code after a while, never print the ready line, or ignore SIGTERM.
+
+It also shows each health case of gpuops.relaunch.train_launch for real:
+
+* --stall-at-step N: after step N it prints no more steps but stays alive (a hung collective: one
+  thread waits for ever on a lock), still ending on SIGTERM unless --ignore-term;
+* --crash-at-step N: after step N it exits with --exit-code (1 unless given);
+* --finish-at-step N: after step N it exits with 0 (training done);
+* --resume WHAT: prints "resuming from WHAT" first (what resume_args would pass).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 
@@ -24,7 +33,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-ready", action="store_true", help="never print a step line")
     parser.add_argument("--step-interval", type=float, default=1.0)
     parser.add_argument("--exit-after", type=float, help="exit after this many seconds ...")
-    parser.add_argument("--exit-code", type=int, default=0, help="... with this code")
+    parser.add_argument("--exit-code", type=int, help="... with this code (0 for --exit-after, 1 for --crash-at-step)")
+    parser.add_argument("--stall-at-step", type=int, help="after this step print no more steps, but stay alive")
+    parser.add_argument("--crash-at-step", type=int, help="after this step exit with --exit-code (default 1)")
+    parser.add_argument("--finish-at-step", type=int, help="after this step exit with 0")
+    parser.add_argument("--resume", help="say 'resuming from RESUME' before the first step")
     parser.add_argument("--workers", type=int, default=0, help="orphaned worker processes to start")
     parser.add_argument("--worker-seconds", type=float, default=1.0, help="how long each worker lives")
     parser.add_argument("--worker-setsid", action="store_true", help="workers leave the job's process group")
@@ -66,21 +79,37 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     started = time.monotonic()
     say(f"demo_train pid {os.getpid()} pgid {os.getpgrp()} starting")
+    if args.resume is not None:
+        say(f"resuming from {args.resume}")
     for number in range(args.lines):
         say(f"setup {number + 1}/{args.lines}")
     for _worker in range(args.workers):
         start_orphaned_worker(args.worker_seconds, args.worker_setsid, args.pid_file)
     step = 0
+    stalled = False
     next_step = started + args.ready_after
     while not stopping:
         now = time.monotonic()
         if args.exit_after is not None and now - started >= args.exit_after:
-            say(f"exiting with code {args.exit_code}")
-            return args.exit_code
-        if not args.no_ready and now >= next_step:
+            code = 0 if args.exit_code is None else args.exit_code
+            say(f"exiting with code {code}")
+            return code
+        if not args.no_ready and not stalled and now >= next_step:
             step += 1
             say(f"step {step} loss={2.5 / step:.4f}")
             next_step = now + args.step_interval
+            if step == args.finish_at_step:
+                say(f"finished after step {step}")
+                return 0
+            if step == args.crash_at_step:
+                code = 1 if args.exit_code is None else args.exit_code
+                say(f"crashing after step {step} with code {code}")
+                return code
+            if step == args.stall_at_step:
+                stalled = True
+                say(f"stalling after step {step}")
+                # Like a collective that never completes: a thread blocked for ever on a lock.
+                threading.Thread(target=threading.Event().wait, name="allreduce", daemon=True).start()
         time.sleep(0.05)
     say(f"got signal {stopping[0]}, stopping after step {step}")
     return 0

@@ -54,6 +54,38 @@ description:
     code or signal and the log tail when the job ends during startup, and with the log tail when
     O(startup_timeout) passes first. A job whose start was not proven is stopped again, so that a
     second run does not report a job that never proved itself as running.
+  - Every call returns the job's RV(health) as the task found it, before it acted (also in check mode) -
+    V(running) (alive, and progressing), V(stalled) (alive, but no new log line matching
+    O(progress_regex) for O(stall_after) seconds), V(finished) (ended by itself with exit code 0),
+    V(crashed) (a non-zero exit code, a signal, or it could not start; with the log tail), V(missing)
+    (no record of a run, or its main process is gone without an exit record, as after a reboot of the
+    container), or V(stopped) (ended because this module stopped it while it was running and
+    progressing). A run this module stopped while it was stalled or crashed keeps that verdict.
+  - O(state=health) only asks - it returns the verdict, the crash-loop guard's view and the log tail,
+    and changes nothing of the job (outside check mode it notes when it first saw the last progress
+    line, in C(progress.json), so that a later verdict is tighter; C(changed) stays false).
+  - When the last progress line was written is taken as the tightest upper bound that can be proven -
+    the log's modification time (exact when nothing but blank space follows the line), the time an
+    earlier task outside check mode first saw that very line, or, before the first progress line, the
+    start of the run - so V(stalled) is never premature. A job that keeps printing other lines while
+    its steps stand still is found stalled once a task outside check mode has seen its last step.
+    Wall-clock times are compared with the wall clock.
+  - With O(progress_regex) and O(stall_after) set, O(state=started) restarts a stalled job like one
+    that does not run.
+  - Evidence before anything is signalled - the first changing task (O(state=started), V(restarted) or
+    V(stopped), not in check mode) that finds the run V(stalled) or V(crashed) writes an incident record
+    C(STATE_DIR/NAME/incidents/incident-TIME-RUNID.json) (0600, atomically, never through a symlink)
+    before it signals anything - the verdict, the last 200 log lines, every thread of every proven member
+    of the run with its state and wchan, Python stacks from C(py-spy dump --pid) where py-spy is on the
+    target's PATH (optional; 10 s per process, 30 s in all), and GPU memory per process where NVML or
+    nvidia-smi answer. One record per run (a later task names the one there, in RV(incident)); the
+    newest O(keep_logs) records are kept.
+  - A relaunch after a failure - a start that replaces a run found V(crashed), V(stalled) or V(missing)
+    - appends O(resume_args) to the command (never on a first launch, never after a V(finished) or
+    V(stopped) run; RV(resumed) says so) and is counted in C(relaunches.json) with the job's records.
+    With O(max_relaunches) set, a relaunch past that many within O(relaunch_window) seconds is refused
+    before anything is stopped (the crash-loop guard); RV(relaunch_guard) says on every call whether
+    it would be.
   - The job does not inherit the environment of the Ansible connection. It gets C(PATH), C(HOME),
     C(USER), C(LOGNAME), C(LANG=C.UTF-8) and what O(env) sets.
 author:
@@ -68,10 +100,11 @@ options:
     required: true
   state:
     description:
-      - V(started) makes sure the job runs with this spec; V(restarted) always restarts it;
-        V(stopped) ends it.
+      - V(started) makes sure the job runs with this spec (and, with O(stall_after), progresses);
+        V(restarted) always restarts it; V(stopped) ends it; V(health) only returns RV(health) and
+        changes nothing.
     type: str
-    choices: [started, restarted, stopped]
+    choices: [started, restarted, stopped, health]
     default: started
   command:
     description:
@@ -170,6 +203,42 @@ options:
       - How many of the log's last lines to return as RV(log_tail). Between V(0) and V(10000).
     type: int
     default: 20
+  progress_regex:
+    description:
+      - Regular expression (Python syntax) for a log line that means progress, for example '^step (\d+)'.
+        Its first group (or, without one, the whole match) is the step reported in RV(health.last_step).
+      - A line ends at a newline or a carriage return, so each redraw of a progress bar counts.
+      - Only the last 8 MiB of the log are searched for the last such line.
+    type: str
+  stall_after:
+    description:
+      - Seconds without a new O(progress_regex) line after which a live job is V(stalled). Unset, a job
+        is never found stalled. Needs O(progress_regex).
+      - Before the first progress line of a run, counted from the run's start, so it must be longer
+        than the job takes to reach its first step.
+      - A finite number, more than 0 and at most 86400.
+    type: float
+  resume_args:
+    description:
+      - Arguments appended to O(command) when a start replaces a run found V(crashed), V(stalled) or
+        V(missing), for example V(['--resume', 'latest']). With O(shell=true) they are appended to the
+        command line, quoted.
+      - Not part of the job's spec (the next O(state=started) finds the resumed run running with its spec).
+    type: list
+    elements: str
+    default: []
+  max_relaunches:
+    description:
+      - The crash-loop guard - at most this many relaunches after a failure within O(relaunch_window);
+        one more is refused before anything is stopped, with an error naming these options.
+        V(0) refuses every relaunch after a failure. Unset, there is no limit (the history is kept anyway).
+      - Between V(0) and V(1000).
+    type: int
+  relaunch_window:
+    description:
+      - The window of O(max_relaunches), in seconds. A finite number, more than 0 and at most 2592000 (30 days).
+    type: float
+    default: 3600
 notes:
   - The supervisor exits once the job's whole tree is gone, except where its parent (in a container,
     PID 1) neither catches nor ignores SIGCHLD and so may never reap it. Exiting there would leave the
@@ -186,6 +255,9 @@ attributes:
     details:
       - Says in RV(msg) what it would do (start, restart, stop, rotate the log, remove paths) and
         changes nothing; RV(rotated_log) and RV(removed_paths) name what would be rotated and removed.
+      - RV(health) is judged as outside check mode; no incident record, progress record or relaunch
+        history is written. A relaunch the crash-loop guard would refuse does not fail in check mode -
+        RV(relaunch_guard.would_refuse) and RV(msg) say so.
   diff_mode:
     support: none
     details:
@@ -197,6 +269,30 @@ attributes:
 """
 
 EXAMPLES = r"""
+- name: Keep the job running and progressing; relaunch after a crash, a stall or a reboot, resuming
+  gpuops.relaunch.train_launch:
+    name: llm-pretrain
+    command: [/usr/bin/python3, /workspace/train.py, --config, /workspace/run.yaml]
+    log_path: /workspace/train.log
+    ready_regex: '^step \d+ '
+    progress_regex: '^step (\d+) '
+    stall_after: 900
+    resume_args: [--resume, /workspace/ckpt/latest]
+    max_relaunches: 3
+    relaunch_window: 3600
+
+- name: Ask how the job is doing (changes nothing)
+  gpuops.relaunch.train_launch:
+    name: llm-pretrain
+    state: health
+    progress_regex: '^step (\d+) '
+    stall_after: 900
+  register: job
+
+- name: Say so
+  ansible.builtin.debug:
+    msg: "{{ job.health.state }} at step {{ job.health.last_step }}: {{ job.health.reason }}"
+
 - name: Start the training job (unchanged if it already runs with this spec)
   gpuops.relaunch.train_launch:
     name: llm-pretrain
@@ -431,6 +527,96 @@ stop:
       type: list
       elements: dict
       returned: on failure
+health:
+  description:
+    - The job's health as the task found it, before it acted (in check mode too).
+  returned: always, except when the options were refused
+  type: dict
+  sample: {"state": "stalled", "reason": "alive, but no progress for 912.4s (stall_after 900s); last: step 4120",
+           "run_id": "3f2a9c0e5b8d4e1f9a7c6b5d4e3f2a1b", "last_step": "4120", "last_progress_line": "step 4120 loss=1.92",
+           "last_progress_at": "2026-12-02T16:00:00+00:00", "progress_basis": "log_mtime", "since_progress": 912.4,
+           "exit_code": null, "exit_signal": null, "ended_at": null, "stopped": false, "log_tail": ["step 4120 loss=1.92"]}
+  contains:
+    state:
+      description: V(running), V(stalled), V(finished), V(crashed), V(missing) or V(stopped) (see the description).
+      type: str
+    reason:
+      description: Why, for people (decide on RV(health.state), never on this text).
+      type: str
+    run_id:
+      description: The run judged (null when there is no record of one).
+      type: str
+    last_step:
+      description: The first group of the last O(progress_regex) line (or the whole match); null without one.
+      type: str
+    last_progress_line:
+      description: The last line matching O(progress_regex).
+      type: str
+    last_progress_at:
+      description: The latest moment the last progress can have happened (ISO 8601, UTC); see the description.
+      type: str
+    progress_basis:
+      description:
+        - What RV(health.last_progress_at) rests on - V(log_mtime), V(progress_record) (an earlier task
+          saw the line then), V(run_start) (no progress line yet) or V(unknown) (the log cannot be read).
+      type: str
+    since_progress:
+      description: Seconds since RV(health.last_progress_at) (a lower bound of the real time without progress).
+      type: float
+    exit_code:
+      description: The recorded exit code of the run (V(finished), V(crashed), V(stopped)).
+      type: int
+    exit_signal:
+      description: The signal that ended the run's main process, if one did.
+      type: str
+    ended_at:
+      description: When the run's main process ended (ISO 8601, UTC).
+      type: str
+    stopped:
+      description: Whether the run ended because this module stopped it.
+      type: bool
+    log_tail:
+      description: The last O(log_tail_lines) lines of the run's log (V(crashed) and V(stalled) only).
+      type: list
+      elements: str
+incident:
+  description:
+    - The incident record of the run found V(stalled) or V(crashed) - written by this task before anything
+      was signalled, or the one an earlier task wrote for this run. Null when there is none.
+  returned: with state started, restarted or stopped, except in check mode and when the options were refused
+  type: str
+  sample: /var/lib/gpuops/llm-pretrain/incidents/incident-20261202T161500.123456Z-3f2a9c0e5b8d4e1f9a7c6b5d4e3f2a1b.json
+resumed:
+  description: Whether O(resume_args) were (in check mode, would be) appended to the command of this start.
+  returned: with state started and restarted, unless the options were refused
+  type: bool
+  sample: true
+relaunch_guard:
+  description: The crash-loop guard for a start now.
+  returned: with state started, restarted and health, unless the options were refused
+  type: dict
+  sample: {"max_relaunches": 3, "relaunch_window": 3600.0, "recent": 3, "needed": true, "would_refuse": true,
+           "history": [{"at": 1764691200.0, "at_iso": "2026-12-02T16:00:00+00:00", "run_id": "3f2a9c0e", "health": "crashed"}]}
+  contains:
+    max_relaunches:
+      description: O(max_relaunches) (null - no limit).
+      type: int
+    relaunch_window:
+      description: O(relaunch_window).
+      type: float
+    recent:
+      description: How many relaunches after a failure happened within the window.
+      type: int
+    history:
+      description: Those relaunches (the last 20) - when (C(at), C(at_iso)), which run they replaced and its health.
+      type: list
+      elements: dict
+    needed:
+      description: Whether a start now would be a relaunch after a failure (the health is V(crashed), V(stalled) or V(missing) with a recorded run).
+      type: bool
+    would_refuse:
+      description: Whether the guard refuses (in check mode, would refuse) that relaunch.
+      type: bool
 record_problems:
   description:
     - Records in the job's state directory that were not sound (not JSON, a field of the wrong kind,
@@ -446,13 +632,41 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import LaunchController, LaunchError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, open_gpu_source
+
+# One GPU query for the incident record may take this long (NVML can hang in the kernel).
+GPU_QUERY_TIMEOUT = 10.0
+
+
+def gpu_evidence(members: list[int]) -> dict:
+    """GPU memory per device and per process for the incident record; never fails the task.
+
+    The pids NVML reports are the host's: inside a container they differ from the members' pids,
+    so C(job_member) can only say yes where both live in the same PID namespace.
+    """
+    try:
+        source = open_gpu_source("auto", "nvidia-smi", GPU_QUERY_TIMEOUT)
+    except GpuQueryError as exc:
+        return {"available": False, "kind": exc.kind, "reason": str(exc)}
+    try:
+        devices = source.query()
+    except GpuQueryError as exc:
+        return {"available": False, "kind": exc.kind, "reason": str(exc)}
+    finally:
+        source.close()
+    return {"available": True, "backend": source.backend, "devices": [{
+        "index": device.index, "uuid": device.uuid, "name": device.name,
+        "used_mib": device.used_mib, "total_mib": device.total_mib,
+        "processes": [{"pid": process.pid, "used_mib": process.used_mib, "job_member": process.pid in members}
+                      for process in device.processes],
+    } for device in devices]}
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "name": {"type": "str", "required": True},
-            "state": {"type": "str", "default": "started", "choices": ["started", "restarted", "stopped"]},
+            "state": {"type": "str", "default": "started", "choices": ["started", "restarted", "stopped", "health"]},
             "command": {"type": "raw"},
             "shell": {"type": "bool", "default": False},
             "chdir": {"type": "path"},
@@ -469,6 +683,11 @@ def main() -> None:
             "term_timeout": {"type": "float", "default": 30, "aliases": ["stop_timeout"]},
             "remove_paths": {"type": "list", "elements": "path", "default": []},
             "log_tail_lines": {"type": "int", "default": 20},
+            "progress_regex": {"type": "str"},
+            "stall_after": {"type": "float"},
+            "resume_args": {"type": "list", "elements": "str", "default": []},
+            "max_relaunches": {"type": "int"},
+            "relaunch_window": {"type": "float", "default": 3600},
         },
         required_if=[
             ("state", "started", ("command", "log_path")),
@@ -481,7 +700,7 @@ def main() -> None:
     except OptionsInvalid as exc:
         module.fail_json(changed=False, **exc.as_result())
     try:
-        result = LaunchController(options, module.check_mode).apply()
+        result = LaunchController(options, module.check_mode, gpu_evidence=gpu_evidence).apply()
     except LaunchError as exc:
         module.fail_json(**dict(exc.result, msg=str(exc)))
     except OSError as exc:

@@ -105,3 +105,27 @@ class Judged:
     @property
     def reasons(self) -> list[str]:
         return self.judgement.reasons
+
+
+class Health(Enum):
+    """How a training job is doing, as train_launch judges it from its records, its processes and its log.
+
+    A separate axis from :class:`Escalation` (what it takes to clear leftovers): health says whether
+    the job needs relaunching at all, escalation how hard the clean-up before it is.
+    """
+
+    RUNNING = "running"      # alive, and progressing (or no stall detection asked for)
+    STALLED = "stalled"      # alive, but no progress line for stall_after seconds
+    FINISHED = "finished"    # ended by itself with exit code 0
+    CRASHED = "crashed"      # ended with a non-zero exit code, a signal, or could not start
+    MISSING = "missing"      # no record of a run, or its processes are gone without an exit record
+    STOPPED = "stopped"      # ended because train_launch stopped it while it was running and progressing
+
+    @property
+    def failed(self) -> bool:
+        """A failure that a relaunch answers (with resume_args, counted by the crash-loop guard)."""
+        return self in (Health.CRASHED, Health.STALLED, Health.MISSING)
+
+
+# The words, for argument specs and documentation.
+HEALTH_WORDS = tuple(state.value for state in Health)

@@ -22,6 +22,29 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import (
+    HISTORY_FILE,
+    RelaunchGuard,
+    history_entries,
+    with_relaunch,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import (
+    PROGRESS_FILE,
+    STOP_FILE,
+    HealthReport,
+    epoch_of,
+    iso,
+    judge,
+    last_progress,
+    measure,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident import (
+    INCIDENT_LOG_LINES,
+    existing_incident,
+    py_spy_dumps,
+    thread_evidence,
+    write_incident,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import failed_log_name, rotate, rotation_plan, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords, new_run_id
@@ -50,9 +73,14 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import SENT
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 LOG_MODE = 0o640
 EXIT_RECORD_WAIT = 5.0
+# A main process that has just ended gets its exit record within moments (its supervisor writes it
+# right after reaping, systemd's ExecStopPost right after the unit stops): wait that long before
+# calling a run without one missing.
+EXIT_SETTLE_WAIT = 2.0
 # What the result says about the run that a (re)start replaced.
 PREVIOUS_RUN_KEYS = ("run_id", "pid", "pgid", "starttime", "started_at", "supervisor_pid", "unit",
                      "exit_code", "exit_signal", "ended_at", "start_error")
@@ -269,6 +297,12 @@ class LaunchController:
     check_mode: bool
     python: str = sys.executable
     proc_root: str = "/proc"
+    # Wall clock (seconds since the epoch): log mtimes, the records' times and the relaunch history
+    # are wall-clock times that must survive a reboot. A parameter so that tests move it.
+    wall_clock: Callable[[], float] = time.time
+    # GPU memory per holder for the incident record (the module passes the _gpu family's query;
+    # this family imports only _base and itself). Given the run's live member pids.
+    gpu_evidence: Callable[[list[int]], dict] | None = None
 
     def __post_init__(self) -> None:
         self.records = JobRecords(self.options.job_dir, self.proc_root)
@@ -279,6 +313,7 @@ class LaunchController:
             "log_path": self.options.log_path,
             "state_dir": self.options.job_dir,
         }
+        self.found = HealthReport(Health.MISSING, "not judged yet")
 
     def apply(self) -> dict[str, Any]:
         begun = time.monotonic()
@@ -291,7 +326,8 @@ class LaunchController:
             self.result["elapsed"] = round(time.monotonic() - begun, 3)
 
     def _apply(self) -> dict[str, Any]:
-        if not self.check_mode:
+        # state=health only reads (and notes progress where the job's directory exists already).
+        if not self.check_mode and self.options.state != "health":
             self.records.ensure_dir()
             # Long enough for another task to stop the job and prove a new start.
             self.records.lock(self.options.term_timeout + KILL_WAIT + self.options.startup_timeout + 60)
@@ -302,9 +338,110 @@ class LaunchController:
         self.result.update(_run_fields(status.run))
         if self.options.log_path is None and status.run:
             self.result["log_path"] = status.run.get("log_path")
+        self.found = self._judge(status)
+        self.result["health"] = self.found.as_dict()
+        if self.options.state == "health":
+            return self._health_only(status, active)
+        self.result["incident"] = None
+        if not self.check_mode and self.found.state in (Health.STALLED, Health.CRASHED) and self.found.has_run:
+            # Before anything is signalled: a hang is gone once the job is killed.
+            self._incident(status.run)
         if self.options.state == "stopped":
             return self._stopped(status.run, recorded, active)
         return self._started(status, recorded, active)
+
+    # --- health ----------------------------------------------------------------------------
+
+    def _judge(self, status) -> HealthReport:
+        """The health of the recorded run (see _launch/health.py); notes new progress outside check mode."""
+        options = self.options
+        run = status.run
+        exit_record = status.exit if run is not None else None
+        if run is not None and exit_record is None and not status.running:
+            exit_record = self._settled_exit(run.get("run_id"))
+        progress = None
+        now = self.wall_clock()
+        if run is not None and exit_record is None and status.running and options.progress_regex is not None:
+            record = self.records.read(PROGRESS_FILE)
+            progress = measure(last_progress(run.get("log_path"), options.progress_regex), str(run.get("run_id")),
+                               epoch_of(run.get("started_at")), record, now)
+            if not self.check_mode and progress.line is not None and progress.seen_at is not None and (
+                    progress.basis != "progress_record") and os.path.isdir(self.records.job_dir):
+                # Bookkeeping, not a change of the job: when this line was first seen, so that a later
+                # task can tell a stall even if the job goes on printing other lines.
+                self.records.write(PROGRESS_FILE, progress.record(str(run.get("run_id"))))
+        report = judge(run, exit_record, self.records.read(STOP_FILE), status.running, progress,
+                       options.stall_after, now)
+        if report.state in (Health.CRASHED, Health.STALLED):
+            report.log_tail = tail(run.get("log_path") if run else None, options.log_tail_lines)
+        return report
+
+    def _settled_exit(self, run_id: str | None) -> dict | None:
+        record: dict | None = None
+
+        def recorded() -> bool:
+            nonlocal record
+            record = self.records.read_exit(run_id)
+            return record is not None
+
+        Deadline(EXIT_SETTLE_WAIT).poll(recorded, 0.05)
+        return record
+
+    def _guard(self) -> tuple[RelaunchGuard, list[dict], float, bool]:
+        """The crash-loop guard, the history, now, and whether a start now is a relaunch after a failure."""
+        guard = RelaunchGuard(self.options.max_relaunches, self.options.relaunch_window)
+        history = history_entries(self.records.read(HISTORY_FILE))
+        now = self.wall_clock()
+        relaunch = self.found.state.failed and self.found.has_run
+        self.result["relaunch_guard"] = guard.report(history, now, relaunch)
+        return guard, history, now, relaunch
+
+    def _health_only(self, status, active: bool) -> dict[str, Any]:
+        """state=health: the verdict, and whether the guard would let a relaunch through; nothing changes."""
+        self._guard()
+        result = self.result
+        result["running"] = status.running
+        result["operation"] = "none"
+        result["msg"] = f"{self.found.state.value}: {self.found.reason}"
+        if active and not status.running:
+            result["msg"] += " (processes of the run are still there)"
+        result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
+        return result
+
+    def _incident(self, run: dict) -> None:
+        """The incident record of the run found stalled or crashed: one per run, written before any signal."""
+        run_id = str(run.get("run_id"))
+        job_dir = self.records.job_dir
+        existing = existing_incident(job_dir, run_id)
+        if existing is not None:
+            self.result["incident"] = existing
+            return
+        identity = self.records.identity(run)
+        members: list[int] = []
+        processes: list[dict] = []
+        if identity is not None:
+            view = look(identity, self.proc_root)
+            members = view.live
+            processes = thread_evidence(view.table, members)
+        now = self.wall_clock()
+        log_path = run.get("log_path")
+        record = {
+            "name": self.options.name,
+            "run_id": run_id,
+            "written_at": iso(now),
+            "health": self.found.as_dict(),
+            "log_path": log_path,
+            "log_tail": tail(log_path, INCIDENT_LOG_LINES),
+            "processes": processes,
+            "py_spy": py_spy_dumps(members) if members else {"skipped": "no live process of the run"},
+            "gpu": self.gpu_evidence(members) if self.gpu_evidence is not None else {"available": False},
+        }
+        try:
+            path, _removed = write_incident(job_dir, run_id, record, now, self.options.keep_logs)
+        except OSError as exc:
+            raise LaunchError(f"cannot write the incident record in {job_dir}/incidents: {exc.strerror or exc}; "
+                              "nothing was signalled", self.result) from None
+        self.result["incident"] = path
 
     # --- stopped ---------------------------------------------------------------------------
 
@@ -327,7 +464,11 @@ class LaunchController:
         result["msg"] = "stopped" + (" (SIGKILL was needed)" if outcome.escalated else "")
         return result
 
-    def _stop(self, run: dict, recorded: Backend) -> StopOutcome:
+    def _stop(self, run: dict, recorded: Backend, found: str | None = None) -> StopOutcome:
+        # What was found before the stop, for the next task: a run stopped while stalled is still
+        # a stalled run to relaunch (with resume_args), one stopped while healthy is not.
+        self.records.write(STOP_FILE, {"run_id": run.get("run_id"), "requested_at": utc_now(),
+                                       "health": found or self.found.state.value})
         outcome = recorded.stop(run, self.options)
         record: dict | None = None
 
@@ -369,16 +510,29 @@ class LaunchController:
         # A new log_path is a change too: otherwise we would report a log the job does not write.
         same_log = status.run is not None and status.run.get("log_path") == options.log_path
         same = status.spec_hash == spec.spec_hash and status.backend == backend_name and same_log
-        if options.state == "started" and status.running and same:
+        guard, history, now, relaunch = self._guard()
+        resume = relaunch and bool(options.resume_args)
+        result["resumed"] = False
+        if options.state == "started" and status.running and same and self.found.state != Health.STALLED:
             result["running"] = True
             result["operation"] = "none"
             result["msg"] = "already running with the same spec"
             result["log_tail"] = tail(options.log_path, options.log_tail_lines)
             return result
-        result["changed"] = True
         action = "restart" if active else "start"
         result["operation"] = action
+        if result["relaunch_guard"]["would_refuse"]:
+            # Before anything is stopped: a crash loop is stopped here, with the evidence kept.
+            refusal = guard.refusal(result["relaunch_guard"]["recent"], self.found.state.value)
+            if self.check_mode:
+                result.update(running=status.running, msg="would refuse: " + refusal)
+                return result
+            result["running"] = status.running
+            result["log_tail"] = tail(result.get("log_path"), options.log_tail_lines)
+            raise LaunchError(refusal, result)
+        result["changed"] = True
         if self.check_mode:
+            result["resumed"] = resume
             result["running"] = active
             failed_log = self._failed_start_log()
             plan = rotation_plan(options.log_path, options.keep_logs) if options.log_path else []
@@ -387,12 +541,17 @@ class LaunchController:
                 spec_hash=spec.spec_hash,
                 rotated_log=failed_log or (plan[-1][1] if plan else None),
                 removed_paths=[path for path in options.remove_paths if os.path.lexists(path)],
-                msg=f"would {action} the job with backend {backend_name}",
+                msg=f"would {action} the job with backend {backend_name}" + self._why_relaunch(relaunch, resume),
             )
             for key in ("pid", "pgid", "starttime", "started_at", "run_id", "supervisor_pid", "unit"):
                 if not active:
                     result.pop(key, None)
             return result
+        if relaunch:
+            # Counted before the stop and the start: a start that fails counts too.
+            self.records.write(HISTORY_FILE, with_relaunch(history, {
+                "at": now, "at_iso": iso(now), "run_id": self.found.run_id, "health": self.found.state.value,
+            }, now, options.relaunch_window))
         if active:
             self._stop(status.run, recorded)
         elif status.exit is not None:
@@ -402,9 +561,15 @@ class LaunchController:
             result["previous"] = previous
         result["rotated_log"] = self._set_aside_log()
         result["removed_paths"] = [path for path in options.remove_paths if remove_path(path)]
-        return self._launch(backend_name, action)
+        result["resumed"] = resume
+        return self._launch(backend_name, action, resume)
 
-    def _launch(self, backend_name: str, action: str) -> dict[str, Any]:
+    def _why_relaunch(self, relaunch: bool, resume: bool) -> str:
+        if not relaunch:
+            return ""
+        return f" (the job was {self.found.state.value}" + ("; resumed with resume_args)" if resume else ")")
+
+    def _launch(self, backend_name: str, action: str, resume: bool = False) -> dict[str, Any]:
         options = self.options
         spec = options.spec
         result = self.result
@@ -412,7 +577,9 @@ class LaunchController:
         run_id = new_run_id()
         launch = {
             "run_id": run_id,
-            "argv": list(spec.argv),
+            # resume_args after a failure; the spec hash stays the job's own (see JobSpec.argv_with).
+            "argv": spec.argv_with(options.resume_args if resume else ()),
+            "resumed": resume,
             "env": spec.job_environment(),
             "chdir": spec.chdir,
             "user": spec.user,
@@ -440,7 +607,8 @@ class LaunchController:
         if readiness.ready:
             self.records.remove(FAILED_START_FILE)
             result["running"] = True
-            result["msg"] = f"{action}ed with backend {backend_name}; proof of start holds"
+            result["msg"] = (f"{action}ed with backend {backend_name}; proof of start holds"
+                             + self._why_relaunch(self.found.state.failed and self.found.has_run, resume))
             result["log_tail"] = tail(options.log_path, options.log_tail_lines)
             return result
         reason = readiness.reason
@@ -448,7 +616,7 @@ class LaunchController:
             reason = f"the backend did not report the job started within {options.startup_timeout:g}s"
         result.update(_exit_fields(readiness.exit))
         if run is not None and backend.active(run):
-            self._stop(run, backend)
+            self._stop(run, backend, Health.CRASHED.value)
             result["stopped_after_failure"] = True
         result["running"] = False
         result["log_tail"] = tail(options.log_path, options.log_tail_lines)

@@ -18,11 +18,12 @@ import json
 import os
 import pwd
 import re
+import shlex
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Pattern
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -30,6 +31,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
 MAX_KEEP_LOGS = 1000
 MAX_LOG_TAIL_LINES = 10000
+MAX_RELAUNCHES = 1000
+MAX_RELAUNCH_WINDOW = 30 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,18 @@ class JobSpec:
             sort_keys=True, separators=(",", ":"),
         )
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def argv_with(self, extra: tuple[str, ...]) -> list[str]:
+        """The argv with `extra` appended (resume_args); with a shell, appended to the command line, quoted.
+
+        The spec hash never includes them: a resumed run is the same job, and the next
+        state=started must find it running with its spec.
+        """
+        if not extra:
+            return list(self.argv)
+        if self.argv[:2] == (SHELL, "-c") and len(self.argv) == 3:
+            return [SHELL, "-c", self.argv[2] + " " + " ".join(shlex.quote(arg) for arg in extra)]
+        return [*self.argv, *extra]
 
     def job_environment(self) -> dict[str, str]:
         """The job's environment: a clean login-like base plus `env` (never the connection's)."""
@@ -86,6 +101,11 @@ class LaunchOptions:
     term_timeout: float
     remove_paths: tuple[str, ...] = field(default_factory=tuple)
     log_tail_lines: int = 20
+    progress_regex: Pattern[str] | None = None
+    stall_after: float | None = None
+    resume_args: tuple[str, ...] = field(default_factory=tuple)
+    max_relaunches: int | None = None
+    relaunch_window: float = 3600.0
 
     @property
     def job_dir(self) -> str:
@@ -261,6 +281,37 @@ def _ready_regex(pattern: str | None) -> Pattern[str] | None:
         raise BadOption("ready_regex", f"{pattern!r} is not a valid regular expression: {exc}") from None
 
 
+def _progress_regex(pattern: str | None) -> Pattern[str] | None:
+    if pattern is None or pattern == "":
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise BadOption("progress_regex", f"{pattern!r} is not a valid regular expression: {exc}") from None
+
+
+def _stall_after(value: Any, progress_regex: Any) -> float | None:
+    """Seconds without a progress line before a live job counts as stalled; None: never."""
+    if value is None:
+        return None
+    seconds = check_seconds("stall_after", value, 0.0, MAX_TIMEOUT, allow_minimum=False)
+    if not progress_regex:
+        raise BadOption("stall_after", "needs progress_regex: progress is a new log line matching it")
+    return seconds
+
+
+def _resume_args(args: Any) -> tuple[str, ...]:
+    if args is None:
+        return ()
+    if not isinstance(args, (list, tuple)):
+        raise BadOption("resume_args", "must be a list of arguments")
+    checked = tuple(str(arg) for arg in args)
+    for number, arg in enumerate(checked):
+        if "\0" in arg:
+            raise BadOption("resume_args", f"argument {number} contains a NUL byte, which no program can receive")
+    return checked
+
+
 def _count(option: str, value: Any, low: int, high: int, why: str = "") -> int:
     number = int(value)
     if not low <= number <= high:
@@ -320,6 +371,16 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
     log_tail_lines = checks.check(_count, "log_tail_lines", 20 if params.get("log_tail_lines") is None
                                   else params["log_tail_lines"], 0, MAX_LOG_TAIL_LINES)
     remove_paths = checks.check(check_remove_paths, params.get("remove_paths"))
+    progress_regex = checks.check(_progress_regex, params.get("progress_regex"))
+    stall_after = checks.check(_stall_after, params.get("stall_after"), params.get("progress_regex"))
+    resume_args = checks.check(_resume_args, params.get("resume_args"))
+    max_relaunches = None
+    if params.get("max_relaunches") is not None:
+        max_relaunches = checks.check(_count, "max_relaunches", params["max_relaunches"], 0, MAX_RELAUNCHES,
+                                      "; 0 refuses every relaunch after a failure")
+    relaunch_window = checks.check(check_seconds, "relaunch_window",
+                                   3600.0 if params.get("relaunch_window") is None else params["relaunch_window"],
+                                   0.0, MAX_RELAUNCH_WINDOW, allow_minimum=False)
     checks.raise_if_any()
     return LaunchOptions(
         name=str(name),
@@ -335,4 +396,9 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
         term_timeout=float(term_timeout or 0.0),
         remove_paths=remove_paths or (),
         log_tail_lines=int(log_tail_lines or 0),
+        progress_regex=progress_regex,
+        stall_after=stall_after,
+        resume_args=resume_args or (),
+        max_relaunches=max_relaunches,
+        relaunch_window=float(relaunch_window or 3600.0),
     )

@@ -1,0 +1,69 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The crash-loop guard: at most max_relaunches relaunches after a failure within relaunch_window.
+
+A job that crashes at step 3 every time would otherwise be relaunched by every scheduled run of
+the relaunch, for ever, each time burning the start-up of a GPU job. The history lives on the
+target with the job's records (``relaunches.json``), so every controller, schedule and AWX job
+that relaunches this job counts against the same limit. Wall-clock seconds since the epoch: the
+history must survive reboots, which a monotonic clock does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+HISTORY_FILE = "relaunches.json"
+# The history never grows beyond this many entries, whatever the window.
+HISTORY_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class RelaunchGuard:
+    """The limit; max_relaunches None means no limit (the history is kept anyway)."""
+
+    max_relaunches: int | None
+    window: float
+
+    def recent(self, history: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        """The relaunches within the window before `now` (a timestamp in the future counts too:
+        a clock set back must not reopen the gate)."""
+        return [entry for entry in history if now - entry["at"] < self.window]
+
+    def allows(self, history: list[dict[str, Any]], now: float) -> bool:
+        return self.max_relaunches is None or len(self.recent(history, now)) < self.max_relaunches
+
+    def report(self, history: list[dict[str, Any]], now: float, needed: bool) -> dict[str, Any]:
+        """What the result says: the limit, the recent relaunches, and whether this one is refused."""
+        recent = self.recent(history, now)
+        return {
+            "max_relaunches": self.max_relaunches,
+            "relaunch_window": self.window,
+            "recent": len(recent),
+            "history": recent[-20:],
+            "needed": needed,
+            "would_refuse": needed and not self.allows(history, now),
+        }
+
+    def refusal(self, recent: int, health: str) -> str:
+        return (f"not relaunching: the job is {health}, and it was relaunched after a failure {recent} times "
+                f"within the last relaunch_window={self.window:g}s (max_relaunches={self.max_relaunches}); "
+                "look at the evidence, fix the cause, then raise max_relaunches or wait")
+
+
+def history_entries(record: dict | None) -> list[dict[str, Any]]:
+    """The sound entries of relaunches.json (each with a numeric `at`), oldest first."""
+    entries = (record or {}).get("relaunches")
+    if not isinstance(entries, list):
+        return []
+    sound = [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("at"), (int, float))
+             and not isinstance(entry.get("at"), bool)]
+    return sorted(sound, key=lambda entry: entry["at"])
+
+
+def with_relaunch(history: list[dict[str, Any]], entry: dict[str, Any], now: float, window: float) -> dict[str, Any]:
+    """The new relaunches.json: `entry` added, entries older than the window dropped."""
+    kept = [old for old in history if now - old["at"] < window]
+    kept.append(entry)
+    return {"relaunches": kept[-HISTORY_LIMIT:]}

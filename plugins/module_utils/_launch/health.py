@@ -1,0 +1,263 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The job's health: progressing, stalled, finished, crashed, missing (or stopped on request).
+
+"Runs with this spec" is not health: a job whose collective hangs runs for days without a step.
+Progress is a new log line matching ``progress_regex``; a job alive without one for ``stall_after``
+seconds is stalled.
+
+When was the last progress line written? The log does not say, so this takes the tightest *upper
+bound* it can prove, never a guess, and a stall is judged on ``now - bound``, which is then a lower
+bound of the real time without progress - the verdict ``stalled`` is never premature:
+
+* the log's mtime, when nothing but blank space follows the progress line (then it is exact: the
+  last write to the log was that line), and in any case (the line was written before the last write);
+* when the progress record (``progress.json``, kept outside check mode) says that an earlier task
+  already saw this very line (same run, same offset, same step), the time it first saw it;
+* before the first progress line of the run (the whole log read), the run's start.
+
+So a job that keeps printing other lines while its steps stand still is found stalled only once a
+task outside check mode has seen the line (``state=health`` does that without changing anything of
+the job). Wall-clock times (mtime, started_at) are compared with the wall clock; a clock set back
+only delays a verdict.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Pattern
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import open_regular
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
+
+PROGRESS_FILE = "progress.json"
+STOP_FILE = "stop.json"
+# How far back from the end of the log to look for the last progress line: a job that writes
+# more than this after its last step is judged by the log's mtime and the progress record.
+SCAN_LIMIT = 8 * 1024 * 1024
+CHUNK = 64 * 1024
+# A line ends at \n or \r: a tqdm-style bar rewrites one line with \r, each state is a line.
+_LINE_BREAK = re.compile(rb"[\r\n]")
+
+
+@dataclass(frozen=True)
+class LogProgress:
+    """What the log says about progress: the last matching line and where it ends."""
+
+    readable: bool
+    why_not: str = ""
+    size: int = 0
+    mtime: float | None = None
+    line: str | None = None
+    step: str | None = None
+    line_end: int | None = None   # byte offset just after the line
+    trailing: bool = False        # something other than blank space follows the line
+    whole: bool = False           # the search reached the start of the log
+
+
+def _step_of(match: re.Match) -> str:
+    """The first group of the pattern if it has one (and it took part), else the whole match."""
+    if match.re.groups and match.group(1) is not None:
+        return match.group(1)
+    return match.group(0)
+
+
+def last_progress(log_path: str | None, pattern: Pattern[str], limit: int = SCAN_LIMIT,
+                  chunk: int = CHUNK) -> LogProgress:
+    """The last line of the log matching `pattern`, read backwards from the end (at most `limit` bytes).
+
+    Only a regular file, never through a symlink (open_regular): the log path is the job's, and
+    may be writable by the job's user.
+    """
+    if not log_path:
+        return LogProgress(False, "no log_path is recorded")
+    try:
+        fd = open_regular(log_path, os.O_RDONLY)
+    except OSError as exc:
+        return LogProgress(False, f"cannot read the log {log_path}: {exc.strerror or exc}")
+    try:
+        info = os.fstat(fd)
+        size, mtime = info.st_size, info.st_mtime
+        carry = b""  # the start of a line whose beginning lies in the next chunk to read
+        pos = size
+        trailing = False
+        while pos > 0 and size - pos < limit:
+            length = min(chunk, pos)
+            pos -= length
+            data = os.pread(fd, length, pos) + carry
+            pieces = _LINE_BREAK.split(data)
+            # Unless this chunk starts the file, its first piece continues into the earlier bytes.
+            first = 0 if pos == 0 else 1
+            cursor = pos + len(data)
+            for piece in reversed(pieces[first:]):
+                start = cursor - len(piece)
+                if piece.strip():
+                    text = piece.decode("utf-8", "replace")
+                    match = pattern.search(text)
+                    if match is not None:
+                        return LogProgress(True, "", size, mtime, text, _step_of(match), cursor, trailing, pos == 0)
+                    trailing = True
+                cursor = start - 1
+            carry = pieces[0] if first else b""
+        return LogProgress(True, "", size, mtime, whole=pos == 0, trailing=trailing)
+    except OSError as exc:
+        return LogProgress(False, f"cannot read the log {log_path}: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+
+
+def epoch_of(timestamp: Any) -> float | None:
+    """Seconds since the epoch of an ISO 8601 timestamp (as the records hold), or None."""
+    if not isinstance(timestamp, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+def iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The last progress of a run, and the latest moment it can have happened (`seen_at`)."""
+
+    step: str | None
+    line: str | None
+    seen_at: float | None
+    basis: str  # log_mtime | progress_record | run_start | unknown
+    line_end: int | None = None
+    why_unknown: str = ""
+
+    def record(self, run_id: str) -> dict[str, Any]:
+        """What progress.json keeps: enough to recognise this very line again."""
+        return {"run_id": run_id, "step": self.step, "line": self.line, "line_end": self.line_end,
+                "first_seen": self.seen_at, "first_seen_at": iso(self.seen_at)}
+
+
+def measure(log: LogProgress, run_id: str, started_at: float | None, record: dict | None,
+            now: float) -> Progress:
+    """The progress of run `run_id` from its log, its start and the progress record (see the module doc)."""
+    if not log.readable:
+        return Progress(None, None, None, "unknown", why_unknown=log.why_not)
+    bounds: list[tuple[float, str]] = []
+    if log.mtime is not None and log.size > 0:
+        bounds.append((log.mtime, "log_mtime"))
+    if log.line is None:
+        if log.whole and started_at is not None:
+            bounds.append((started_at, "run_start"))  # no progress line yet: the start is the last progress
+    elif (record is not None and record.get("run_id") == run_id and record.get("line_end") == log.line_end
+          and record.get("step") == log.step and isinstance(record.get("first_seen"), (int, float))
+          and not isinstance(record.get("first_seen"), bool)):
+        bounds.append((float(record["first_seen"]), "progress_record"))
+    if log.line is None and not log.whole and not bounds:
+        return Progress(None, None, None, "unknown", why_unknown="no progress line in the end of the log")
+    if not bounds:
+        if started_at is None:
+            return Progress(log.step, log.line, None, "unknown", log.line_end, "neither the log nor the run says when")
+        bounds.append((started_at, "run_start"))
+    seen_at, basis = min(bounds)
+    return Progress(log.step, log.line, min(seen_at, now), basis, log.line_end)
+
+
+@dataclass
+class HealthReport:
+    """The verdict on one job, with what it rests on."""
+
+    state: Health
+    reason: str
+    run_id: str | None = None
+    progress: Progress | None = None
+    since_progress: float | None = None
+    exit: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False
+    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def has_run(self) -> bool:
+        return self.run_id is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        progress = self.progress
+        result: dict[str, Any] = {
+            "state": self.state.value,
+            "reason": self.reason,
+            "run_id": self.run_id,
+            "last_step": progress.step if progress else None,
+            "last_progress_line": progress.line if progress else None,
+            "last_progress_at": iso(progress.seen_at) if progress else None,
+            "progress_basis": progress.basis if progress else None,
+            "since_progress": None if self.since_progress is None else round(self.since_progress, 3),
+            "exit_code": self.exit.get("exit_code"),
+            "exit_signal": self.exit.get("exit_signal"),
+            "ended_at": self.exit.get("ended_at"),
+            "stopped": self.stopped,
+        }
+        if self.state in (Health.CRASHED, Health.STALLED):
+            result["log_tail"] = list(self.log_tail)
+        return result
+
+
+def describe_end(record: dict) -> str:
+    if record.get("error"):
+        return str(record["error"])
+    if record.get("exit_signal"):
+        return f"signal {record['exit_signal']}"
+    return f"exit code {record.get('exit_code')}"
+
+
+def _ended(run_id: str, exit_record: dict, stop_record: dict | None) -> HealthReport:
+    exit_fields = {key: exit_record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
+    if stop_record is not None and stop_record.get("run_id") == run_id:
+        # Ended because train_launch stopped it: the verdict is what that task found before stopping.
+        found = stop_record.get("health")
+        state = Health(found) if found in (Health.STALLED.value, Health.CRASHED.value) else Health.STOPPED
+        why = (f"stopped by train_launch at {stop_record.get('requested_at')} (it was {found}); "
+               f"ended with {describe_end(exit_record)}")
+        return HealthReport(state, why, run_id, exit=exit_fields, stopped=True)
+    if exit_record.get("error"):
+        return HealthReport(Health.CRASHED, f"could not start: {exit_record['error']}", run_id, exit=exit_fields)
+    if exit_record.get("exit_signal") is None and exit_record.get("exit_code") == 0:
+        return HealthReport(Health.FINISHED, f"finished with exit code 0 at {exit_record.get('ended_at')}",
+                            run_id, exit=exit_fields)
+    return HealthReport(Health.CRASHED, f"ended with {describe_end(exit_record)} at {exit_record.get('ended_at')}",
+                        run_id, exit=exit_fields)
+
+
+def judge(run: dict | None, exit_record: dict | None, stop_record: dict | None, alive: bool,
+          progress: Progress | None, stall_after: float | None, now: float) -> HealthReport:
+    """The verdict from what the records and the process table say (pure: no I/O, `now` given).
+
+    `exit_record` and `stop_record` count only for the run in `run`; `alive` is whether its main
+    process, proven by its mark, runs; `progress` is None when no progress_regex was given.
+    """
+    if run is None:
+        return HealthReport(Health.MISSING, "no record of a run of this job")
+    run_id = str(run.get("run_id"))
+    if exit_record is not None and exit_record.get("run_id") == run_id:
+        return _ended(run_id, exit_record, stop_record)
+    if not alive:
+        return HealthReport(Health.MISSING, f"the recorded process (pid {run.get('pid')}) is gone without an "
+                            "exit record (a reboot of the container or machine, or a kill of its supervisor)",
+                            run_id)
+    if progress is None:
+        return HealthReport(Health.RUNNING, "running (no progress_regex: progress is not measured)", run_id)
+    if progress.seen_at is None:
+        return HealthReport(Health.RUNNING, f"running; progress cannot be measured: {progress.why_unknown}",
+                            run_id, progress)
+    since = max(now - progress.seen_at, 0.0)
+    step = f"step {progress.step}" if progress.step is not None else "no progress line yet"
+    if stall_after is not None and since >= stall_after:
+        return HealthReport(Health.STALLED, f"alive, but no progress for {since:.1f}s (stall_after {stall_after:g}s); "
+                            f"last: {step}", run_id, progress, since)
+    return HealthReport(Health.RUNNING, f"running; last: {step}, {since:.1f}s ago", run_id, progress, since)

@@ -1,0 +1,192 @@
+"""train_launch's health verdict, incident records, crash-loop guard and resume, for real.
+
+Each job is the demo trainer (playbooks/files/demo_train.py) told to stall, crash or finish at a
+step, launched through the real module inside a PID namespace whose init never reaps (so every
+signal stays inside it). Nothing here waits a fixed time: the tests ask the module (state=health)
+until it gives the verdict, against a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.launch_targets import Target, in_pid_namespace
+from tests.harness.pidns import process_starttime
+from tests.harness.procstates import wait_until
+
+pytestmark = pytest.mark.slow
+
+PROGRESS = r"^step (\d+) "
+RESUME = ["--resume", "latest", "--stall-at-step", "0"]  # the resumed run no longer stalls
+
+
+@pytest.fixture(name="ns")
+def ns_fixture(tmp_path):
+    with in_pid_namespace(tmp_path) as where:
+        yield where
+
+
+def task(target: Target, state: str = "started", task_name: str = "t", **options: Any) -> dict[str, Any]:
+    base = target.launch_task(task_name=task_name, state=state, progress_regex=PROGRESS, stall_after=1,
+                              resume_args=RESUME, min_uptime=0.2)
+    base["gpuops.relaunch.train_launch"].update(options)
+    if state in ("health", "stopped"):
+        for key in ("command", "ready_regex", "min_uptime", "startup_timeout", "resume_args"):
+            base["gpuops.relaunch.train_launch"].pop(key, None)
+    return base
+
+
+def once(target: Target, state: str = "started", check: bool = False, **options: Any) -> dict[str, Any]:
+    run = target.play([task(target, state, **options)], check=check)
+    return run.result("t")
+
+
+def health_until(target: Target, wanted: str, **options: Any) -> dict[str, Any]:
+    """Ask (state=health) until the verdict is `wanted`; the last answer."""
+    seen: list[str] = []
+
+    def ask() -> dict[str, Any] | None:
+        result = once(target, "health", **options)
+        assert result.get("failed") is not True, result
+        seen.append(result["health"]["state"])
+        return result if result["health"]["state"] == wanted else None
+
+    return wait_until(ask, timeout=90, what=f"health {wanted}")
+
+
+def job_dir(target: Target) -> Path:
+    return Path(target.state_dir) / "job"
+
+
+def nothing_written(target: Target) -> None:
+    assert not (job_dir(target) / "incidents").exists()
+    assert not (job_dir(target) / "relaunches.json").exists()
+
+
+def test_a_stalled_job_is_found_kept_as_evidence_and_resumed(ns: Target) -> None:
+    first = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--stall-at-step", "3"))
+    assert first["running"] is True and first["health"]["state"] == "missing"  # no run before: a first launch
+    assert first["resumed"] is False and first["relaunch_guard"]["needed"] is False
+
+    stalled = health_until(ns, "stalled")
+    assert stalled["changed"] is False and stalled["operation"] == "none" and stalled["running"] is True
+    assert stalled["health"]["last_step"] == "3" and stalled["health"]["last_progress_line"].startswith("step 3 ")
+    assert stalled["health"]["since_progress"] >= 1 and stalled["health"]["last_progress_at"]
+    assert "stalling after step 3" in stalled["health"]["log_tail"]
+    assert stalled["relaunch_guard"]["needed"] is True and stalled["relaunch_guard"]["would_refuse"] is False
+
+    # Check mode: says it would restart and resume, writes nothing, signals nothing.
+    would = once(ns, check=True, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2",
+                                                 "--stall-at-step", "3"))
+    assert would["operation"] == "restart" and would["resumed"] is True and would["health"]["state"] == "stalled"
+    assert would["pid"] == first["pid"] and first["pid"] in ns.processes()
+    nothing_written(ns)
+
+    again = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--stall-at-step", "3"))
+    assert again["changed"] is True and again["operation"] == "restart" and again["health"]["state"] == "stalled"
+    assert again["resumed"] is True and again["pid"] != first["pid"]
+    assert again["spec_hash"] == first["spec_hash"]  # resume_args are not part of the spec
+    assert "resuming from latest" in Path(ns.log()).read_text()
+    incident = json.loads(Path(again["incident"]).read_text())
+    assert oct(Path(again["incident"]).stat().st_mode & 0o777) == "0o600"
+    assert incident["run_id"] == first["run_id"] and incident["health"]["state"] == "stalled"
+    assert "stalling after step 3" in incident["log_tail"]
+    leader = [entry for entry in incident["processes"] if entry["pid"] == first["pid"]]
+    assert leader, incident["processes"]
+    # The main thread and the thread blocked on the lock, each with its state and wchan.
+    assert len(leader[0]["threads"]) >= 2
+    assert all(set(thread) >= {"tid", "state", "wchan"} for thread in leader[0]["threads"])
+    assert "available" in incident["py_spy"] or "dumps" in incident["py_spy"]
+    history = json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]
+    assert [entry["health"] for entry in history] == ["stalled"] and history[0]["run_id"] == first["run_id"]
+
+    # The resumed run progresses, and a new start with the same spec changes nothing.
+    health = once(ns, "health")
+    assert health["health"]["state"] == "running" and health["run_id"] == again["run_id"]
+    same = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--stall-at-step", "3"))
+    assert same["changed"] is False and same["pid"] == again["pid"]
+
+
+def test_a_crashing_job_is_relaunched_until_the_guard_stops_it(ns: Target) -> None:
+    crashing = ns.demo("--ready-after", "0.1", "--step-interval", "1", "--crash-at-step", "2", "--exit-code", "7")
+    options = {"command": crashing, "max_relaunches": 2, "relaunch_window": 3600, "resume_args": ["--resume", "x"]}
+    first = once(ns, **options)
+    assert first["running"] is True
+    pids = [first["pid"]]
+    for attempt in range(2):
+        crashed = health_until(ns, "crashed", max_relaunches=2)
+        assert crashed["health"]["exit_code"] == 7 and crashed["health"]["exit_signal"] is None
+        assert "crashing after step 2 with code 7" in crashed["health"]["log_tail"]
+        assert crashed["relaunch_guard"]["recent"] == attempt and crashed["relaunch_guard"]["would_refuse"] is False
+        again = once(ns, **options)
+        assert again["running"] is True and again["resumed"] is True and again["health"]["state"] == "crashed"
+        assert Path(again["incident"]).is_file()
+        pids.append(again["pid"])
+    last = health_until(ns, "crashed", max_relaunches=2)
+    assert last["relaunch_guard"]["recent"] == 2 and last["relaunch_guard"]["would_refuse"] is True
+    # Check mode says it would refuse, and does not fail.
+    would = once(ns, check=True, **options)
+    assert would.get("failed") is not True and would["relaunch_guard"]["would_refuse"] is True
+    assert would["msg"].startswith("would refuse: ")
+    refused = once(ns, **options)
+    assert refused["failed"] is True and refused["changed"] is False
+    assert "max_relaunches=2" in refused["msg"] and "relaunch_window=3600s" in refused["msg"]
+    assert refused["run_id"] == last["run_id"] and Path(refused["incident"]).is_file()  # the evidence is kept
+    assert json.loads(Path(refused["incident"]).read_text())["health"]["exit_code"] == 7
+    assert len(list((job_dir(ns) / "incidents").iterdir())) == 3  # one per crashed run
+    assert len(json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]) == 2
+
+
+def test_a_finished_job_is_finished(ns: Target) -> None:
+    done = ns.demo("--ready-after", "0.1", "--step-interval", "0.3", "--finish-at-step", "3")
+    once(ns, command=done)
+    finished = health_until(ns, "finished")
+    assert finished["health"]["exit_code"] == 0 and finished["health"]["last_step"] is None
+    assert finished["relaunch_guard"]["needed"] is False
+    stopped = once(ns, "stopped")
+    assert stopped["changed"] is False and stopped["incident"] is None
+
+
+def test_a_run_gone_without_an_exit_record_is_missing_and_relaunched(ns: Target) -> None:
+    """A container reboot, simulated: the supervisor and the job killed by their recorded pids."""
+    first = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
+    supervisor, job = ns.host_pid(first["supervisor_pid"]), ns.host_pid(first["pid"])
+    assert supervisor and job
+    starts = {pid: process_starttime(pid) for pid in (supervisor, job)}
+    for pid in (supervisor, job):  # the supervisor first, so that nothing records the job's end
+        if process_starttime(pid) == starts[pid]:
+            os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(ns.processes().get(pid) is None or ns.processes()[pid].zombie
+                           for pid in (first["supervisor_pid"], first["pid"])), what="the run gone")
+    missing = once(ns, "health")
+    assert missing["health"]["state"] == "missing" and missing["running"] is False
+    assert missing["health"]["run_id"] == first["run_id"] and missing["relaunch_guard"]["needed"] is True
+    would = once(ns, check=True, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
+    assert would["operation"] == "start" and would["resumed"] is True
+    nothing_written(ns)
+    again = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
+    assert again["running"] is True and again["resumed"] is True and again["health"]["state"] == "missing"
+    assert again["incident"] is None  # nothing alive to look at: the health and the log say it all
+    assert "resuming from latest" in Path(ns.log()).read_text()
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"stall_after": "{{ 'nan' | float }}"}, ["stall_after"]),
+    ({"stall_after": 0}, ["stall_after"]),
+    ({"stall_after": 86401}, ["stall_after"]),
+    ({"progress_regex": "(", "stall_after": 5}, ["progress_regex"]),
+    ({"progress_regex": None, "stall_after": 5}, ["stall_after"]),
+    ({"max_relaunches": -1, "relaunch_window": 0}, ["max_relaunches", "relaunch_window"]),
+])
+def test_bad_health_options_are_refused_naming_them(ns: Target, options: dict, named: list[str]) -> None:
+    result = once(ns, **options)
+    assert result["failed"] is True and result.get("changed") is False
+    assert [problem["option"] for problem in result["option_problems"]] == named
+    assert "Traceback" not in json.dumps(result)
+    assert not Path(ns.state_dir).exists()

@@ -1,0 +1,101 @@
+"""_launch/guard.py and _launch/incident.py: the crash-loop guard's count, the incident records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import (
+    RelaunchGuard,
+    history_entries,
+    with_relaunch,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident import (
+    existing_incident,
+    py_spy_dumps,
+    thread_evidence,
+    write_incident,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
+from tests.harness.clock import FakeClock
+
+
+def test_the_guard_counts_within_the_window() -> None:
+    guard = RelaunchGuard(2, 100.0)
+    history = [{"at": 0.0}, {"at": 50.0}]
+    assert guard.allows(history, 99.0) is False
+    assert guard.allows(history, 100.0) is True  # the first has left the window
+    report = guard.report(history, 120.0, needed=True)
+    assert report["recent"] == 1 and report["would_refuse"] is False
+    assert guard.report(history, 60.0, needed=False)["would_refuse"] is False  # nothing to refuse
+    assert "max_relaunches=2" in guard.refusal(2, "crashed") and "relaunch_window=100s" in guard.refusal(2, "crashed")
+
+
+def test_no_limit_and_zero() -> None:
+    assert RelaunchGuard(None, 10.0).allows([{"at": 1.0}] * 50, 2.0) is True
+    assert RelaunchGuard(0, 10.0).allows([], 2.0) is False
+
+
+def test_a_clock_set_back_does_not_reopen_the_gate() -> None:
+    assert RelaunchGuard(1, 100.0).allows([{"at": 500.0}], 10.0) is False
+
+
+def test_the_history_is_read_soundly_and_pruned() -> None:
+    assert history_entries({"relaunches": [{"at": 2}, {"at": "x"}, "junk", {"at": True}, {"at": 1.5}]}) == [
+        {"at": 1.5}, {"at": 2}]
+    assert history_entries(None) == [] and history_entries({"relaunches": "no"}) == []
+    updated = with_relaunch([{"at": 1.0}, {"at": 95.0}], {"at": 100.0}, 100.0, 10.0)
+    assert updated == {"relaunches": [{"at": 95.0}, {"at": 100.0}]}
+
+
+def test_incident_records_one_per_run_newest_kept(tmp_path) -> None:
+    job = str(tmp_path)
+    paths = [write_incident(job, f"run{n}", {"n": n}, 1000.0 + n, keep=2)[0] for n in range(3)]
+    assert sorted(os.listdir(tmp_path / "incidents")) == sorted(os.path.basename(p) for p in paths[1:])
+    assert json.loads(open(paths[2], encoding="utf-8").read()) == {"n": 2}
+    assert oct(os.stat(paths[2]).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(tmp_path / "incidents").st_mode & 0o777) == "0o700"
+    assert existing_incident(job, "run2") == paths[2] and existing_incident(job, "run0") is None
+
+
+def test_an_incident_directory_that_is_a_link_is_refused(tmp_path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "incidents").symlink_to(elsewhere)
+    with pytest.raises(NotADirectoryError):
+        write_incident(str(tmp_path / "job"), "r", {}, 1.0, keep=5)
+    assert existing_incident(str(tmp_path / "job"), "r") is None
+    assert not os.listdir(elsewhere)
+
+
+def test_threads_of_this_process_are_described() -> None:
+    table = ProcessTable.scan()
+    described = thread_evidence(table, [os.getpid(), 10 ** 7])
+    assert [entry["pid"] for entry in described] == [os.getpid()]
+    assert described[0]["threads"] and {"tid", "state", "wchan", "comm"} <= set(described[0]["threads"][0])
+
+
+def test_py_spy_is_optional() -> None:
+    assert py_spy_dumps([1], which=lambda name: None)["available"] is False
+
+
+def test_py_spy_is_bounded_and_never_fails() -> None:
+    clock = FakeClock()
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append((argv, kwargs["timeout"]))
+        if argv[-1] == "2":
+            clock.now += 25
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+        clock.now += 10  # the budget is spent after this one
+        return subprocess.CompletedProcess(argv, 0, b"Thread 1 (idle)\n", b"")
+
+    dumps = py_spy_dumps([3, 2, 5], which=lambda name: "/usr/bin/py-spy", run=run, clock=clock)["dumps"]
+    assert calls[0] == (["/usr/bin/py-spy", "dump", "--pid", "2"], 10.0) and calls[1][1] == 5.0 and len(calls) == 2
+    assert "did not answer" in dumps[0]["error"] and dumps[1]["stacks"] == "Thread 1 (idle)\n"
+    assert "budget" in dumps[2]["error"]
