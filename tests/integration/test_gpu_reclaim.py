@@ -125,6 +125,13 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
                            ("NaN timeout", {"term_timeout": "nan"}), ("everything wrong", {"devices": [], "protected": ["[x"],
                             "release_timeout": "inf", "poll_interval": 0}),
                            ("unknown GPU", {"devices": ["7"]})]]}]
+    no_driver = {"GPUOPS_SIMNVML_STATE": str(work / "no-such-driver.json")}
+    bad[0]["tasks"] += [
+        {"name": "no GPU, optional", "gpuops.relaunch.gpu_reclaim": {"devices": ["all"], "gpus_required": False},
+         "environment": no_driver},
+        {"name": "no GPU, required", "gpuops.relaunch.gpu_reclaim": {"devices": ["all"]}, "environment": no_driver,
+         "ignore_errors": True},
+    ]
     (work / "bad.yml").write_text(json.dumps(bad))
     report = {"pids": {name: h["pid"] for name, h in holders.items()}}
     report["bad_options"] = play("bad_options", {"ansible_python_interpreter": PYTHON}, playbook=str(work / "bad.yml"))
@@ -297,6 +304,9 @@ def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
     assert "an empty list never means all" in tasks["empty devices"]["msg"]
     assert "devices: no GPU 7 on this host" in tasks["unknown GPU"]["msg"]
     assert all(run["alive"].values()), run["alive"]
+    optional, required = tasks["no GPU, optional"], tasks["no GPU, required"]
+    assert not optional.get("failed") and optional["gpu_present"] is False and optional["changed"] is False, optional
+    assert required["failed"] is True and required["error_kind"] == "library_not_found", required
     # The playbook refuses an empty reclaim_devices itself, naming its variable.
     refused = playbook_scene["no_devices"]
     assert refused["rc"] != 0 and all(refused["alive"].values())
