@@ -390,17 +390,20 @@ class Connection(ConnectionBase):
         argv += ["--", self._node()]
         return argv
 
-    def _shown(self, argv: list[str], command: bool = False) -> str:
-        """A command line fit for the log: the private key file is never named, and the command
-        (the last word when `command`) is hidden for a task with ``no_log``."""
+    def _redact(self, text: str) -> str:
+        """`text` without the private key file's path (as given, and expanded)."""
         key = self.get_option("private_key_file")
-        if command and getattr(self._play_context, "no_log", False):
-            argv = argv[:-1] + ["<command hidden: no_log>"]
-        text = " ".join(shlex.quote(arg) for arg in argv)
         if key:
             for form in (os.path.expanduser(to_text(key)), to_text(key)):
                 text = text.replace(form, REDACTED_KEY)
         return text
+
+    def _shown(self, argv: list[str], command: bool = False) -> str:
+        """A command line fit for the log: the private key file is never named, and the command
+        (the last word when `command`) is hidden for a task with ``no_log``."""
+        if command and getattr(self._play_context, "no_log", False):
+            argv = argv[:-1] + ["<command hidden: no_log>"]
+        return self._redact(" ".join(shlex.quote(arg) for arg in argv))
 
     def _pct_exec(self, script: str) -> str:
         """The command line the node runs: ``pct exec VMID -- /bin/sh -c SCRIPT``, quoted for the
@@ -442,9 +445,7 @@ class Connection(ConnectionBase):
         """Exit 255: ssh could not log in or run pct, or pct could not reach the container."""
         if rc != UNREACHABLE_RC:
             return
-        message = to_text(stderr, errors="surrogate_or_replace").strip()
-        if self.get_option("private_key_file"):
-            message = message.replace(os.path.expanduser(to_text(self.get_option("private_key_file"))), REDACTED_KEY)
+        message = self._redact(to_text(stderr, errors="surrogate_or_replace").strip())
         raise AnsibleConnectionFailure(
             f"gpuops.relaunch.pct_ssh: could not run pct exec in container {self._vmid()} through {self._where()} "
             f"(exit {rc}): {message or 'no message'}"
@@ -509,7 +510,7 @@ class Connection(ConnectionBase):
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False)
             if proc.returncode != 0:
                 display.vvv(
-                    f"no shared connection to stop: {to_text(proc.stderr, errors='surrogate_or_replace').strip()}",
+                    f"no shared connection to stop: {self._redact(to_text(proc.stderr, errors='surrogate_or_replace').strip())}",
                     host=self._node(),
                 )
         self.close()
