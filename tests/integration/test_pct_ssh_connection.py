@@ -230,10 +230,12 @@ def test_a_wrong_vmid_fails_with_pct_s_reason(node, tmp_path, control_dir):
     assert f"Configuration file 'nodes/localhost/lxc/{UNKNOWN_VMID}.conf' does not exist" in result["msg"]
 
 
-def test_verbose_output_names_neither_the_key_file_nor_a_password(node, tmp_path, control_dir):
+def test_verbose_output_names_neither_the_key_file_nor_a_password_nor_a_no_log_command(node, tmp_path, control_dir):
     canary = "pct-ssh-canary-password-4711"
+    hidden = "pct-ssh-canary-no-log-0815"  # in the very command line of a raw task with no_log
     host_vars = {**node.pct_ssh_host_vars(VMID, control_dir), "ansible_password": canary}
-    tasks = [HOSTNAME_TASK, {"name": "copy", "ansible.builtin.copy": {"content": "x\n", "dest": "/root/verbose.txt"}}]
+    tasks = [HOSTNAME_TASK, {"name": "copy", "ansible.builtin.copy": {"content": "x\n", "dest": "/root/verbose.txt"}},
+             {"name": "raw", "ansible.builtin.raw": f"echo {hidden} >/dev/null", "no_log": True}]
 
     run = run_playbook(play(*tasks), inventory=inventory(tmp_path / "inv.json", host_vars), extra_args=["-vvvv"],
                        env={"ANSIBLE_STDOUT_CALLBACK": "default"})
@@ -243,7 +245,8 @@ def test_verbose_output_names_neither_the_key_file_nor_a_password(node, tmp_path
     assert "ESTABLISH PCT_SSH CONNECTION TO CONTAINER 210" in output  # -vvvv really logged the plugin
     assert "<private key file>" in output and "IdentityFile" in output
     assert str(node.client_key) not in output and node.client_key.name not in output
-    assert canary not in output
+    assert canary not in output and hidden not in output
+    assert "<command hidden: no_log>" in output
 
 
 def test_reset_connection_stops_the_shared_connection(node, tmp_path, control_dir):
