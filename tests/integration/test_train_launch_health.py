@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.gpu_holder import host_proc_view, sim_gpu
 from tests.harness.launch_targets import Target, in_pid_namespace
 from tests.harness.pidns import process_starttime
 from tests.harness.procstates import wait_until
@@ -174,6 +175,29 @@ def test_a_run_gone_without_an_exit_record_is_missing_and_relaunched(ns: Target)
     assert again["running"] is True and again["resumed"] is True and again["health"]["state"] == "missing"
     assert again["incident"] is None  # nothing alive to look at: the health and the log say it all
     assert "resuming from latest" in Path(ns.log()).read_text()
+
+
+def test_the_incident_holds_gpu_memory_per_holder(tmp_path: Path) -> None:
+    """Simulated NVML (PYTHONPATH in the task's environment) answers for the stalled job's host pid."""
+    with host_proc_view() as host_proc, sim_gpu(devices=1, host_proc=host_proc) as gpu, \
+            in_pid_namespace(tmp_path) as ns:
+        command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--stall-at-step", "2")
+        first = once(ns, command=command)
+        job = ns.host_pid(first["pid"])
+        assert job is not None
+        gpu.register(job, 2048)
+        health_until(ns, "stalled")
+        stop = task(ns, "stopped")
+        stop["environment"] = gpu.env()
+        stopped = ns.play([stop]).result("t")
+        assert stopped["changed"] is True and stopped["health"]["state"] == "stalled"
+        evidence = json.loads(Path(stopped["incident"]).read_text())["gpu"]
+        assert evidence["available"] is True and evidence["backend"] == "pynvml"
+        [device] = evidence["devices"]
+        # NVML reports host pids: inside the container the job's own pid differs (job_member says so).
+        assert {"pid": job, "used_mib": 2048.0, "job_member": False} in device["processes"]
+        after = once(ns, "health")
+        assert after["health"]["state"] == "stalled" and after["health"]["stopped"] is True
 
 
 @pytest.mark.parametrize("options, named", [
