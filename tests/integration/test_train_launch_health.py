@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,18 @@ def test_the_incident_holds_gpu_memory_per_holder(tmp_path: Path) -> None:
         assert {"pid": job, "used_mib": 2048.0, "job_member": False} in device["processes"]
         after = once(ns, "health")
         assert after["health"]["state"] == "stalled" and after["health"]["stopped"] is True
+
+
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (it is optional on targets)")
+def test_the_incident_holds_python_stacks_where_py_spy_is_installed(ns: Target) -> None:
+    first = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--stall-at-step", "2"))
+    health_until(ns, "stalled")
+    stop = task(ns, "stopped")
+    stop["environment"] = {"PATH": os.environ["PATH"]}
+    stopped = ns.play([stop]).result("t")
+    dumps = json.loads(Path(stopped["incident"]).read_text())["py_spy"]["dumps"]
+    [leader] = [dump for dump in dumps if dump["pid"] == first["pid"]]
+    assert leader["rc"] == 0 and "main" in leader["stacks"] and "demo_train.py" in leader["stacks"]
 
 
 @pytest.mark.parametrize("options, named", [
