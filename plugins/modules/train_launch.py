@@ -62,8 +62,9 @@ description:
     container), or V(stopped) (ended because this module stopped it while it was running and
     progressing). A run this module stopped while it was stalled or crashed keeps that verdict.
   - O(state=health) only asks - it returns the verdict, the crash-loop guard's view and the log tail,
-    and changes nothing of the job (outside check mode it notes when it first saw the last progress
-    line, in C(progress.json), so that a later verdict is tighter; C(changed) stays false).
+    and changes nothing of the job. Outside check mode it notes, as every task does, when it first
+    saw the last progress line (C(progress.json) with the job's records), so that a later verdict is
+    tighter; C(changed) stays false.
   - When the last progress line was written is taken as the tightest upper bound that can be proven -
     the log's modification time (exact when nothing but blank space follows the line), the time an
     earlier task outside check mode first saw that very line, or, before the first progress line, the

@@ -9,6 +9,10 @@
         failed_start.json    the last run whose start was not proven, and its log       0600
         idle.json            a supervisor that waits for the next run (see supervisor)  0600
         supervisor.py        the supervisor's private copy                              0600
+        stop.json            the last run train_launch stopped, and its health then      0600
+        progress.json        the run's last progress line and when a task first saw it  0600
+        relaunches.json      relaunches after a failure, for the crash-loop guard        0600
+        incidents/           one incident record per stalled or crashed run             0700
         .lock                held while a train_launch task works on this job
 
 Every file is replaced atomically (write + rename); exit.json is kept until the next run ends,
