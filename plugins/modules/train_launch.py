@@ -645,14 +645,19 @@ def gpu_evidence(members: list[int]) -> dict:
     The pids NVML reports are the host's: inside a container they differ from the members' pids,
     so C(job_member) can only say yes where both live in the same PID namespace.
     """
+    # OSError and ValueError too: the evidence is optional, and must never keep the stop from happening.
     try:
         source = open_gpu_source("auto", "nvidia-smi", GPU_QUERY_TIMEOUT)
     except GpuQueryError as exc:
         return {"available": False, "kind": exc.kind, "reason": str(exc)}
+    except (OSError, ValueError) as exc:
+        return {"available": False, "kind": "error", "reason": str(exc)}
     try:
         devices = source.query()
     except GpuQueryError as exc:
         return {"available": False, "kind": exc.kind, "reason": str(exc)}
+    except (OSError, ValueError) as exc:
+        return {"available": False, "kind": "error", "reason": str(exc)}
     finally:
         source.close()
     return {"available": True, "backend": source.backend, "devices": [{

@@ -223,4 +223,3 @@ def test_a_run_gone_after_a_reboot_is_missing_and_relaunched(reaping_site: Site)
     assert done["relaunched"] is True and done["health"]["state"] == "missing" and done["resumed"] is True
     assert done["incident"] is None and "resuming from latest" in site.log.read_text()
     assert int(done["job"]["pid"]) != int(first["job"]["pid"])
-
