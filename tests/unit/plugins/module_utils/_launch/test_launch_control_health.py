@@ -1,0 +1,92 @@
+"""_launch/control.py on a state directory with no live process: verdicts, check mode, the guard's refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import control
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import LaunchController, LaunchError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
+
+GONE_PID = 4194000  # above any pid this machine hands out
+
+
+def params(tmp_path, **overrides):
+    base = {
+        "name": "job", "state": "started", "command": ["python3", "train.py"], "shell": False,
+        "chdir": None, "env": {}, "user": None, "group": None, "log_path": str(tmp_path / "train.log"),
+        "keep_logs": 5, "state_dir": str(tmp_path / "state"), "backend": "supervisor", "startup_timeout": 60,
+        "min_uptime": 5, "ready_regex": None, "term_timeout": 30, "remove_paths": [], "log_tail_lines": 20,
+        "progress_regex": r"^step (\d+)", "stall_after": 10, "resume_args": ["--resume"],
+        "max_relaunches": 1, "relaunch_window": 3600,
+    }
+    base.update(overrides)
+    return base
+
+
+@pytest.fixture(name="job")
+def job_fixture(tmp_path):
+    job = tmp_path / "state" / "job"
+    job.mkdir(parents=True)
+    (tmp_path / "train.log").write_text("step 1 x\nTraceback: boom\n")
+    (job / "run.json").write_text(json.dumps({
+        "run_id": "r1", "pid": GONE_PID, "starttime": 5, "backend": "supervisor", "spec_hash": "x",
+        "log_path": str(tmp_path / "train.log"), "started_at": "2026-12-03T10:00:00+00:00"}))
+    return job
+
+
+def listing(path) -> dict[str, bytes]:
+    return {os.path.relpath(os.path.join(root, name), path): Path(root, name).read_bytes()
+            for root, _dirs, names in os.walk(path) for name in names}
+
+
+def apply(tmp_path, check_mode=False, **overrides):
+    return LaunchController(options_from_params(params(tmp_path, **overrides), check_mode), check_mode).apply()
+
+
+def test_crashed_and_asking_changes_nothing(tmp_path, job) -> None:
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 3, "exit_signal": None, "ended_at": "t"}))
+    before = listing(job)
+    result = apply(tmp_path, state="health", command=None)
+    assert result["health"]["state"] == "crashed" and result["health"]["exit_code"] == 3
+    assert result["health"]["log_tail"] == ["step 1 x", "Traceback: boom"]
+    assert result["operation"] == "none" and result["changed"] is False
+    assert result["relaunch_guard"]["needed"] is True and result["relaunch_guard"]["would_refuse"] is False
+    assert listing(job) == before
+
+
+def test_missing_without_an_exit_record(tmp_path, job, monkeypatch) -> None:
+    monkeypatch.setattr(control, "EXIT_SETTLE_WAIT", 0.0)
+    result = apply(tmp_path, state="health", command=None)
+    assert result["health"]["state"] == "missing" and result["health"]["run_id"] == "r1"
+    assert "without an exit record" in result["health"]["reason"]
+
+
+def test_past_the_guard_check_mode_says_so_and_a_real_run_refuses_with_the_evidence(tmp_path, job) -> None:
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 3, "exit_signal": None, "ended_at": "t"}))
+    history = {"relaunches": [{"at": control.time.time() - 10, "run_id": "r0", "health": "crashed"}]}
+    (job / "relaunches.json").write_text(json.dumps(history))
+    before = listing(job)
+    would = apply(tmp_path, check_mode=True)
+    assert would["msg"].startswith("would refuse: ") and would["relaunch_guard"]["would_refuse"] is True
+    assert would["changed"] is False and listing(job) == before
+    with pytest.raises(LaunchError) as caught:
+        apply(tmp_path)
+    assert "max_relaunches=1" in str(caught.value) and "relaunch_window=3600s" in str(caught.value)
+    assert caught.value.result["changed"] is False
+    incident = json.loads(Path(caught.value.result["incident"]).read_text(encoding="utf-8"))
+    assert incident["health"]["state"] == "crashed" and incident["log_tail"][-1] == "Traceback: boom"
+    assert incident["processes"] == [] and incident["py_spy"] == {"skipped": "no live process of the run"}
+    assert json.loads((job / "relaunches.json").read_text()) == history  # not counted: nothing was relaunched
+    assert not (job / "stop.json").exists() and not (job / "launch.json").exists()
+
+
+def test_a_finished_run_is_not_a_failure(tmp_path, job) -> None:
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 0, "exit_signal": None, "ended_at": "t"}))
+    would = apply(tmp_path, check_mode=True)
+    assert would["health"]["state"] == "finished" and would["operation"] == "start"
+    assert would["resumed"] is False and would["relaunch_guard"]["needed"] is False
