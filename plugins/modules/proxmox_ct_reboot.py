@@ -103,6 +103,31 @@ options:
         container is then stopped hard instead of shut down.
     type: bool
     default: false
+  node_slots:
+    description:
+      - At most this many containers of one node are rebooted at once by this controller, across every
+        task and play running on it (a fleet relaunch runs this module for many hosts at once, up to
+        C(forks)). Each reboot holds one of the node's slots - an exclusive lock on a file in
+        O(slot_dir) - from before the power actions until the container runs again; the kernel drops
+        the lock with the process, so a crashed or killed task never leaves a slot taken.
+      - V(0) means no limit. Between V(0) and V(64).
+      - Only reboots from the same controller (the same O(slot_dir)) count; reboots made elsewhere
+        (the web UI, another controller) do not.
+    type: int
+    default: 1
+  slot_dir:
+    description:
+      - Directory of the node slot files on the host the module runs on (the controller). Created with
+        mode 0700 when missing; it must be owned by the user running the module and writable by no one
+        else, and is never followed through a symlink.
+    type: path
+    default: ~/.ansible/gpuops_relaunch/node_slots
+  slot_timeout:
+    description:
+      - Seconds to wait for a free slot of the node. When it passes the module fails and changes nothing.
+      - Between 0 and 86400 (a day); NaN and infinity are refused.
+    type: float
+    default: 3600
 attributes:
   check_mode:
     support: full
@@ -134,6 +159,13 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Reboot each host's container, at most two containers of one node at a time
+  gpuops.relaunch.proxmox_ct_reboot:
+    vmid: "{{ pve_vmid }}"
+    expected_hostname: "{{ inventory_hostname }}"
+    node_slots: 2
+  delegate_to: localhost
+
 - name: Reboot the container this host lives in, through the API
   gpuops.relaunch.proxmox_ct_reboot:
     api_host: pve1.example.com
@@ -267,6 +299,23 @@ lock_waited_s:
   returned: success
   type: float
   sample: 0.0
+node_slot:
+  description:
+    - The node slot the reboot held (see O(node_slots)), and how long it waited for it. V(null) in check
+      mode and with O(node_slots=0).
+  returned: success
+  type: dict
+  sample: {"node": "pve1", "slot": 0, "waited": 0.0}
+  contains:
+    node:
+      description: The node.
+      type: str
+    slot:
+      description: Which of the node's slots it held, from V(0).
+      type: int
+    waited:
+      description: Seconds it waited for the slot.
+      type: float
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -286,6 +335,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.ct_power 
     CtRebooter,
     CtRebootRequest,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.node_slots import DEFAULT_SLOT_DIR
 
 
 def main() -> None:
@@ -301,6 +351,9 @@ def main() -> None:
         wait_timeout={"type": "float", "default": 300},
         lock_timeout={"type": "float", "default": 60},
         skiplock={"type": "bool", "default": False},
+        node_slots={"type": "int", "default": 1},
+        slot_dir={"type": "path", "default": DEFAULT_SLOT_DIR},
+        slot_timeout={"type": "float", "default": 3600},
     )
     module = AnsibleModule(
         argument_spec=argument_spec,
@@ -324,6 +377,9 @@ def main() -> None:
         lock_timeout=params["lock_timeout"],
         skiplock=params["skiplock"],
         skip_hostname_check=params["skip_hostname_check"],
+        node_slots=params["node_slots"],
+        slot_dir=params["slot_dir"],
+        slot_timeout=params["slot_timeout"],
     )
     checks = OptionChecks()
     connection.check_options(checks)
@@ -335,7 +391,7 @@ def main() -> None:
 
     rebooter: CtRebooter | None = None
     try:
-        rebooter = CtRebooter(ProxmoxClient(connection), request)
+        rebooter = CtRebooter(ProxmoxClient(connection), request, api=connection.url)
         result = rebooter.run(check_mode=module.check_mode)
     except ProxmoxError as exc:
         tasks = [task.as_dict() for task in rebooter.tasks] if rebooter else []

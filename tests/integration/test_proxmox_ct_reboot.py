@@ -91,6 +91,7 @@ def test_reboot_with_token_clears_a_zombie_nothing_inside_could_clear(lab):
     # elapsed is the collection's name; waited_s and tasks[].duration stay as deprecated copies.
     assert result["elapsed"] == result["waited_s"] and result["elapsed"] >= result["tasks"][0]["elapsed"]
     assert result["tasks"][0]["duration"] == result["tasks"][0]["elapsed"]
+    assert result["node_slot"]["node"] == "pve1" and result["node_slot"]["slot"] == 0  # one reboot per node at once
     assert_restarted(lab, old_init, zombie)
     assert lab.server.requests("POST", "/access/ticket") == []  # a token needs no login
     assert secret not in str(result)

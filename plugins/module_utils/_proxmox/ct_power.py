@@ -23,6 +23,12 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client im
     ProxmoxClient,
     ProxmoxError,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.node_slots import (
+    DEFAULT_SLOT_DIR,
+    NodeSlot,
+    check_slots,
+    take_slot,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.tasks import (
     TaskFailed,
     TaskOutcome,
@@ -63,6 +69,10 @@ class CtRebootRequest:
     lock_timeout: float = 60
     skiplock: bool = False
     skip_hostname_check: bool = False
+    # At most node_slots reboots at once per node from this controller (0: no limit).
+    node_slots: int = 1
+    slot_dir: str = DEFAULT_SLOT_DIR
+    slot_timeout: float = 3600
 
     def check_options(self, checks: OptionChecks, api_user: str, uses_token: bool) -> None:
         """Note in `checks` what is wrong with the request, each problem naming its option."""
@@ -73,6 +83,10 @@ class CtRebootRequest:
         timeout = checks.check(check_timeout, "timeout", self.timeout)
         wait_timeout = checks.check(check_timeout, "wait_timeout", self.wait_timeout)
         checks.check(check_timeout, "lock_timeout", self.lock_timeout)
+        checks.check(check_slots, "node_slots", self.node_slots)
+        checks.check(check_timeout, "slot_timeout", self.slot_timeout)
+        if not self.slot_dir.strip():
+            checks.add("slot_dir", "must not be empty")
         if timeout is not None and wait_timeout is not None and wait_timeout <= timeout:
             checks.add("wait_timeout", f"({self.wait_timeout}) must be greater than timeout ({self.timeout}):"
                        " the container needs time to start after its shutdown timeout")
@@ -154,6 +168,7 @@ class CtRebootResult:
     waited_s: float
     lock_waited_s: float = 0.0
     elapsed: float = 0.0
+    node_slot: NodeSlot | None = None
     tasks: list[TaskOutcome] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -172,6 +187,7 @@ class CtRebootResult:
             # Deprecated name of `elapsed` (0 in check mode), kept for playbooks that read it.
             "waited_s": round(self.waited_s, 3),
             "lock_waited_s": round(self.lock_waited_s, 3),
+            "node_slot": self.node_slot.as_dict() if self.node_slot else None,
             "tasks": [task.as_dict() for task in self.tasks],
         }
 
@@ -254,9 +270,10 @@ def wait_for_unlock(client: ProxmoxClient, node: str, vmid: int, state: CtState,
 class CtRebooter:
     """Carries out one CtRebootRequest against one API."""
 
-    def __init__(self, client: ProxmoxClient, request: CtRebootRequest) -> None:
+    def __init__(self, client: ProxmoxClient, request: CtRebootRequest, api: str = "") -> None:
         self.client = client
         self.request = request
+        self.api = api  # names the cluster in the node's slot files
         self.tasks: list[TaskOutcome] = []
 
     def run(self, check_mode: bool = False) -> CtRebootResult:
@@ -288,14 +305,32 @@ class CtRebooter:
                 result.warnings.append(f"CT {request.vmid} is locked ({before.lock}); a real run waits up to lock_timeout")
             result.elapsed = time.monotonic() - begun
             return result
+        if request.node_slots:
+            result.node_slot = take_slot(request.slot_dir, self.api, node, request.node_slots,
+                                         Deadline(request.slot_timeout))
+            if result.node_slot.waited:
+                # Other reboots ran meanwhile: judge the container as it is now, not as it was.
+                before = read_state(client, node, request.vmid)
+                check_hostname(request, node, before)
+        try:
+            return self._act(node, before, actions, result, begun)
+        finally:
+            if result.node_slot:
+                result.node_slot.release()
+
+    def _act(self, node: str, before: CtState, actions: list[PowerAction], result: CtRebootResult,
+             begun: float) -> CtRebootResult:
+        """Wait out a config lock, carry out the actions and wait until the container runs again."""
+        request = self.request
         if not request.skiplock:
             lock_began = time.monotonic()
-            before = wait_for_unlock(client, node, request.vmid, before, request.lock_timeout)
+            before = wait_for_unlock(self.client, node, request.vmid, before, request.lock_timeout)
             result.lock_waited_s = time.monotonic() - lock_began
-            if before.status != result.status_before:
-                # The lock holder (a backup in stop mode, say) changed the state: plan again.
-                actions = plan_actions(request, before.status)
-                result.actions = [action.describe() for action in actions]
+        if before.status != result.status_before:
+            # The lock holder (a backup in stop mode, say) or a wait for the node's slot saw the
+            # state change: plan again.
+            actions = plan_actions(request, before.status)
+            result.actions = [action.describe() for action in actions]
         deadline = Deadline(request.wait_timeout)
         asked_at = time.monotonic()
         try:

@@ -1,0 +1,131 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""At most N container reboots at once per Proxmox node, across every task on this controller.
+
+A fleet relaunch runs the reboot module for many hosts at once (up to ``forks``), and many of them
+may live on one node: rebooting all of a node's training containers at the same moment piles up
+their shutdowns, starts and GPU re-initialisation on one machine. Ansible's ``throttle`` counts
+across the whole play, not per node, so each reboot takes one of the node's slots first: an
+exclusive ``flock`` on one of N slot files named after the API and the node, held while the reboot
+runs. The kernel drops a lock with the process that held it, so a module that crashes or is
+killed never leaves a slot taken.
+
+The slot directory is the controller's (the module runs there, delegated to localhost). It is
+created 0700 and must be a real directory owned by the user and writable by no one else: a
+directory another user can write would let them plant a symlink or hold every slot.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import ProxmoxError
+
+DEFAULT_SLOT_DIR = "~/.ansible/gpuops_relaunch/node_slots"
+MAX_SLOTS = 64
+SLOT_POLL_S = 0.2
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class SlotError(ProxmoxError):
+    """No slot could be taken; nothing was changed."""
+
+
+class NoFreeSlot(SlotError):
+    """Every slot of the node stayed taken until the deadline."""
+
+
+def check_slots(option: str, value: int) -> int:
+    """0 (no throttle) up to MAX_SLOTS; BadOption otherwise."""
+    if not 0 <= value <= MAX_SLOTS:
+        raise BadOption(option, f"must be between 0 (no limit) and {MAX_SLOTS}, got {value}")
+    return value
+
+
+def slot_prefix(api: str, node: str) -> str:
+    """A file-name prefix per (API, node): readable, and distinct for clusters whose nodes share names."""
+    digest = hashlib.sha256(f"{api}\0{node}".encode()).hexdigest()[:12]
+    return f"{_UNSAFE.sub('_', node)[:40]}-{digest}"
+
+
+def open_slot_dir(path: str) -> int:
+    """An fd on the slot directory, made 0700 if missing; SlotError (naming slot_dir) if it is not safe."""
+    path = os.path.expanduser(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SlotError(f"slot_dir: {path} cannot be used as a directory ({exc.strerror}); nothing was changed") from None
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise SlotError(f"slot_dir: {path} must be owned by this user and writable by no one else; nothing was changed")
+    return fd
+
+
+@dataclass
+class NodeSlot:
+    """One slot held: released by release() or by the end of the process."""
+
+    node: str
+    index: int
+    waited: float
+    _fd: int
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the only fd on the open file drops the flock
+            self._fd = -1
+
+    def as_dict(self) -> dict:
+        return {"node": self.node, "slot": self.index, "waited": round(self.waited, 3)}
+
+
+def _try_slot(dir_fd: int, name: str) -> int | None:
+    """An fd holding the flock on slot file `name`, or None if another process holds it."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise SlotError(f"slot_dir: cannot open slot file {name} ({exc.strerror}); nothing was changed") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SlotError(f"slot_dir: slot file {name} is not a regular file; nothing was changed")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def take_slot(directory: str, api: str, node: str, slots: int, deadline: Deadline) -> NodeSlot:
+    """Hold one of the node's `slots` slots, polling until one is free; NoFreeSlot at the deadline."""
+    dir_fd = open_slot_dir(directory)
+    prefix = slot_prefix(api, node)
+    try:
+        def free_slot() -> tuple[int, int] | None:
+            for index in range(slots):
+                fd = _try_slot(dir_fd, f"{prefix}.{index}.lock")
+                if fd is not None:
+                    return index, fd
+            return None
+
+        taken = deadline.poll_for(free_slot, SLOT_POLL_S)
+    finally:
+        os.close(dir_fd)
+    if taken is None:
+        raise NoFreeSlot(
+            f"all {slots} reboot slot(s) of node {node} stayed taken by other reboots for"
+            f" {deadline.elapsed():.0f} s (slot_timeout); nothing was changed"
+        )
+    index, fd = taken
+    return NodeSlot(node, index, deadline.elapsed(), fd)
