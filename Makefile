@@ -69,8 +69,9 @@ docs-lint: setup
 	$(BIN)/antsibull-changelog lint
 	$(BIN)/antsibull-docs lint-collection-docs --plugin-docs $(COLL_LINK)
 
-# The Molecule scenarios (extensions/molecule/): each creates a PID namespace whose init never reaps,
-# runs a role in it over community.docker.nsenter (converge, idempotence, verify) and destroys it.
+# The Molecule scenarios (extensions/molecule/): each creates a PID namespace whose init never reaps
+# (container_reset: a real LXC container behind fakepve), runs a role in it over
+# community.docker.nsenter (converge, idempotence, verify) and destroys it.
 molecule: setup
 	cd extensions && $(BIN)/molecule test --all
 
