@@ -1,8 +1,10 @@
 """gpuops.relaunch.pct_ssh without a network: the ssh command line it builds, the command the node's
 shell receives, what it logs, the control directory it accepts, and how it reads a child's output.
 
-The plugin is loaded the way Ansible loads it (the plugin loader, by its FQCN); the end-to-end
-tests (real sshd, real container) are in tests/integration/test_pct_ssh_connection.py.
+The plugin is loaded by Ansible's plugin loader from its directory (so its DOCUMENTATION defines its
+options, as when Ansible loads it by FQCN; by directory, because other tests import the collection's
+packages plainly before Ansible's collection finder could be installed). The end-to-end tests (real
+sshd, real container) are in tests/integration/test_pct_ssh_connection.py.
 """
 
 from __future__ import annotations
@@ -19,17 +21,23 @@ from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import connection_loader, init_plugin_loader
 
 REPO = Path(__file__).resolve().parents[4]
-COLLECTIONS = REPO / ".build" / "collections"
+PLUGIN_DIR = REPO / "plugins" / "connection"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugin_loader() -> None:
-    init_plugin_loader([str(COLLECTIONS)])
+    init_plugin_loader([])
+    connection_loader.add_directory(str(PLUGIN_DIR))
+
+
+def load():
+    conn = connection_loader.get("pct_ssh", PlayContext(), None)
+    assert conn is not None, f"pct_ssh did not load from {PLUGIN_DIR}"
+    return conn
 
 
 def connection(tmp_path: Path, **options):
-    conn = connection_loader.get("gpuops.relaunch.pct_ssh", PlayContext(), None)
-    assert conn is not None, "gpuops.relaunch.pct_ssh did not load"
+    conn = load()
     conn.set_options(direct={"vmid": 200, "remote_addr": "pve1.example.org",
                              "control_path_dir": str(tmp_path / "cp"), **options})
     return conn
@@ -124,7 +132,7 @@ def test_a_control_directory_others_can_use_is_refused(tmp_path, mode):
 
 
 def test_a_missing_vmid_is_named(tmp_path):
-    conn = connection_loader.get("gpuops.relaunch.pct_ssh", PlayContext(), None)
+    conn = load()
 
     with pytest.raises(AnsibleError, match="Required config 'vmid'"):
         conn.set_options(direct={"remote_addr": "pve1", "control_path_dir": str(tmp_path / "cp")})
@@ -133,7 +141,7 @@ def test_a_missing_vmid_is_named(tmp_path):
 def test_output_is_read_until_the_child_exits_not_until_its_descendants_close_the_pipes():
     """What a shared connection's master could do: keep a copy of stderr after the ssh that started
     it has exited. The read ends with the child; the descendant ends when this test closes its input."""
-    from ansible_collections.gpuops.relaunch.plugins.connection.pct_ssh import _collect  # pylint: disable=import-outside-toplevel
+    _collect = sys.modules[type(load()).__module__]._collect  # pylint: disable=protected-access
 
     hold_read, hold_write = os.pipe()
     try:
