@@ -105,6 +105,8 @@ options:
       - Whether the node's host key must already be known (C(StrictHostKeyChecking=yes)); an unknown
         or changed key then fails the connection.
       - V(false) is C(StrictHostKeyChecking=no), which accepts an unknown key (and records it).
+        For C(accept-new) (accept and record an unknown key, refuse a changed one), put
+        C(-o StrictHostKeyChecking=accept-new) in O(ssh_extra_args).
       - Deliberately not read from Ansible's global C(host_key_checking) setting (or
         E(ANSIBLE_HOST_KEY_CHECKING)), so that turning checks off for other hosts does not turn
         them off for Proxmox nodes.
@@ -144,9 +146,12 @@ options:
       - name: ansible_pct_ssh_executable
   ssh_extra_args:
     description:
-      - Further arguments for C(ssh), put before the node's address (for example
-        C(-o ServerAliveInterval=15) or C(-J jumphost)). They are split as a shell would split
-        them, and shown at verbosity C(-vvv), so do not put secrets in them.
+      - Further arguments for C(ssh) (for example C(-o ServerAliveInterval=15) or C(-J jumphost)).
+        They are split as a shell would split them, and shown at verbosity C(-vvv), so do not put
+        secrets in them.
+      - They come before the plugin's own C(-o) options, and C(ssh) keeps the first value it is
+        given for an option, so an option here wins over the plugin's (for example
+        C(-o StrictHostKeyChecking=accept-new), or another C(ControlPersist)).
     type: string
     default: ''
     ini:
@@ -353,7 +358,10 @@ class Connection(ConnectionBase):
     def _ssh_argv(self, *control: str) -> list[str]:
         """The ssh command line up to and including the node's address (a control command like
         ``-O stop`` comes in front of the address)."""
+        # The extra arguments come first: ssh keeps the first value it is given for an option, so
+        # theirs win over the plugin's own.
         argv = [to_text(self.get_option("ssh_executable")), "-T"]
+        argv += self._split_ssh_args(to_text(self.get_option("ssh_extra_args") or ""))
         options = {
             "BatchMode": "yes",
             "StrictHostKeyChecking": "yes" if self.get_option("host_key_checking") else "no",
@@ -385,7 +393,6 @@ class Connection(ConnectionBase):
         user = self.get_option("remote_user")
         if user:
             argv += ["-l", to_text(user)]
-        argv += self._split_ssh_args(to_text(self.get_option("ssh_extra_args") or ""))
         argv += list(control)
         argv += ["--", self._node()]
         return argv

@@ -207,15 +207,28 @@ def test_an_unknown_host_key_is_refused_by_default(node, tmp_path, control_dir):
     assert shared_connections(control_dir) == []
     assert empty.read_text(encoding="utf-8") == ""  # nothing recorded either
 
-    # Switched off for this host, the unknown key is accepted (and recorded).
+    # accept-new through ssh_extra_args (ssh keeps their value): the unknown key is accepted and recorded.
+    accepted = run_playbook(
+        play(PING_TASK),
+        inventory=inventory(tmp_path / "inv2.json",
+                            {**host_vars, "ansible_ssh_extra_args": "-o StrictHostKeyChecking=accept-new"}),
+    )
+
+    assert accepted.rc == 0, explain(accepted)
+    server_key = node.known_hosts.read_text(encoding="utf-8").split()[2]
+    assert server_key in empty.read_text(encoding="utf-8")  # (the name may be hashed: HashKnownHosts)
+
+    # Switched off for this host, an unknown key is accepted too.
+    stop_shared_connections(control_dir)
+    other = tmp_path / "other_known_hosts"
+    other.write_text("", encoding="utf-8")
     allowed = run_playbook(
         play(PING_TASK),
-        inventory=inventory(tmp_path / "inv2.json", {**host_vars, "ansible_pct_ssh_host_key_checking": False}),
+        inventory=inventory(tmp_path / "inv3.json", {**host_vars, "ansible_pct_ssh_known_hosts_file": str(other),
+                                                     "ansible_pct_ssh_host_key_checking": False}),
     )
 
     assert allowed.rc == 0, explain(allowed)
-    server_key = node.known_hosts.read_text(encoding="utf-8").split()[2]
-    assert server_key in empty.read_text(encoding="utf-8")  # (the name may be hashed: HashKnownHosts)
 
 
 def test_a_wrong_vmid_fails_with_pct_s_reason(node, tmp_path, control_dir):

@@ -79,6 +79,8 @@ def test_options_change_the_command_line(tmp_path):
     assert "ControlPath" not in values and "ControlPersist" not in values
     assert values["UserKnownHostsFile"] == "/etc/pve/known" and values["ServerAliveInterval"] == "15"
     assert argv[argv.index("-J") + 1] == "jump host"
+    # ssh keeps the first value of an option: the user's extra arguments come before the plugin's.
+    assert argv.index("ServerAliveInterval=15") < argv.index("BatchMode=yes")
     assert "-p" not in argv and "IdentityFile" not in values
     assert not (tmp_path / "cp").exists()  # no sharing, no control directory
 
