@@ -10,7 +10,9 @@ end with a given exit code after a while, never print the ready line, or ignore 
 It also shows each health case of gpuops.relaunch.train_launch for real:
 
 * --stall-at-step N: after step N it prints no more steps but stays alive (a hung collective: one
-  thread waits for ever on a lock), still ending on SIGTERM unless --ignore-term;
+  thread waits for ever on a lock), still ending on SIGTERM unless --ignore-term; with
+  --stall-chatter S it goes on printing a line that is not a step every S seconds, as a watchdog's
+  warnings do;
 * --crash-at-step N: after step N it exits with --exit-code (1 unless given);
 * --finish-at-step N: after step N it exits with 0 (training done);
 * --resume WHAT: prints "resuming from WHAT" first (what resume_args would pass).
@@ -35,6 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--exit-after", type=float, help="exit after this many seconds ...")
     parser.add_argument("--exit-code", type=int, help="... with this code (0 for --exit-after, 1 for --crash-at-step)")
     parser.add_argument("--stall-at-step", type=int, help="after this step print no more steps, but stay alive")
+    parser.add_argument("--stall-chatter", type=float, help="while stalled, print a non-step line every this many seconds")
     parser.add_argument("--crash-at-step", type=int, help="after this step exit with --exit-code (default 1)")
     parser.add_argument("--finish-at-step", type=int, help="after this step exit with 0")
     parser.add_argument("--resume", help="say 'resuming from RESUME' before the first step")
@@ -94,6 +97,9 @@ def main(argv: list[str]) -> int:
             code = 0 if args.exit_code is None else args.exit_code
             say(f"exiting with code {code}")
             return code
+        if stalled and args.stall_chatter and now >= next_step:
+            say(f"still waiting for allreduce after step {step}")
+            next_step = now + args.stall_chatter
         if not args.no_ready and not stalled and now >= next_step:
             step += 1
             say(f"step {step} loss={2.5 / step:.4f}")

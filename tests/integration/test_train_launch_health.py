@@ -115,6 +115,19 @@ def test_a_stalled_job_is_found_kept_as_evidence_and_resumed(ns: Target) -> None
     assert same["changed"] is False and same["pid"] == again["pid"]
 
 
+def test_a_stall_behind_other_output_is_found_once_a_task_has_seen_the_step(ns: Target) -> None:
+    """The job goes on printing (not steps): the log's mtime keeps moving, the progress record does not."""
+    once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--stall-at-step", "2",
+                             "--stall-chatter", "0.1"))
+    stalled = health_until(ns, "stalled")  # each ask outside check mode notes the step it sees
+    assert stalled["health"]["progress_basis"] == "progress_record" and stalled["health"]["last_step"] == "2"
+    assert stalled["health"]["log_tail"][-1] == "still waiting for allreduce after step 2"
+    record = (job_dir(ns) / "progress.json").read_bytes()
+    # Check mode reads the record too, and writes nothing.
+    checked = ns.play([task(ns, "health")], check=True).result("t")
+    assert checked["health"]["state"] == "stalled" and (job_dir(ns) / "progress.json").read_bytes() == record
+
+
 def test_a_crashing_job_is_relaunched_until_the_guard_stops_it(ns: Target) -> None:
     crashing = ns.demo("--ready-after", "0.1", "--step-interval", "1", "--crash-at-step", "2", "--exit-code", "7")
     options = {"command": crashing, "max_relaunches": 2, "relaunch_window": 3600, "resume_args": ["--resume", "x"]}
