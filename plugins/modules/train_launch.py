@@ -72,7 +72,9 @@ description:
     its steps stand still is found stalled once a task outside check mode has seen its last step.
     Wall-clock times are compared with the wall clock.
   - With O(progress_regex) and O(stall_after) set, O(state=started) restarts a stalled job like one
-    that does not run.
+    that does not run. Like any job that does not run, a V(finished) one is started again by
+    O(state=started) (from the start, without O(resume_args)); C(playbooks/relaunch.yml) leaves it
+    alone unless forced, deciding on RV(health) from a check-mode probe.
   - Evidence before anything is signalled - the first changing task (O(state=started), V(restarted) or
     V(stopped), not in check mode) that finds the run V(stalled) or V(crashed) writes an incident record
     C(STATE_DIR/NAME/incidents/incident-TIME-RUNID.json) (0600, atomically, never through a symlink)
