@@ -177,7 +177,8 @@ options:
   control_path_dir:
     description:
       - Directory of the shared connections' control sockets. Created with mode C(0700) when
-        missing; refused when it belongs to another user or others may write to or read it.
+        missing; refused unless it is a directory (not a link) of this user that no one else has
+        any access to (mode C(0700) or stricter).
       - Each socket is named by OpenSSH's C(%C) hash of the connection (local host, node, port,
         user).
     type: path
