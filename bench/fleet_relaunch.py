@@ -1,0 +1,284 @@
+"""Benchmark: `playbooks/relaunch.yml` on a fleet of 16 containers against 1 container, same run.
+
+Issue 12 item 5: a relaunch of 16 containers should take at most 3x the wall time of a relaunch of
+one. Each "container" is a PID namespace whose init never reaps (``unshare --pid --fork
+--mount-proc sleep infinity``, as the Molecule scenarios' shared create makes it), reached with the
+``community.docker.nsenter`` connection through its init's host pid. Every container is a host of
+its own with its own demo job: a copy of ``playbooks/files/demo_train.py`` in a per-host directory
+(so process_cleanup's selector matches that host's job only), its own log and state directory,
+``gpu_drain_gpus_required: false`` and ``container_reset_allowed: false``.
+
+Each round, alternating the sizes so both see the same machine state, times the real
+``ansible-playbook playbooks/relaunch.yml`` (forks = 16 through ANSIBLE_FORKS) for
+
+* first   the jobs do not run (stopped beforehand with train_launch state=stopped, not timed):
+          the probe, stop, clean-up, drain and a launch with its proof of start on every host
+* no-op   right after: every job runs with its spec, so nothing changes
+
+once on the first container alone and once on all of them, and prints medians, the ratios
+(N containers against 1; target at most 3x), the CPU time the runs used (controller and the
+module processes it waited for; with few cores that CPU, not the forks, bounds the ratio) and the
+first relaunch's phases from the hosts' summaries. It asserts no times. It checks that every first
+run relaunched every host and every no-op run relaunched none. Needs root (unshare, nsenter), as
+the Molecule scenarios do.
+
+Clean-up, also after a failure or Ctrl-C: the jobs are stopped through the train_launch module
+(state=stopped), then each namespace is ended by SIGKILL to its recorded init pid, only while that
+pid still has the recorded start time (the kernel ends everything inside); nothing else is
+signalled.
+
+    .venv/bin/python bench/fleet_relaunch.py [--containers 16] [--repeat 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / ".build" / "collections"))
+sys.path.insert(0, str(REPO))
+
+# pylint: disable=wrong-import-position
+from tests.harness.pidns import PidNamespace, nsenter_vars, start_pid_namespace  # noqa: E402
+
+PLAYBOOK = REPO / "playbooks" / "relaunch.yml"
+BIN = Path(sys.executable).parent
+PYTHON = "/usr/bin/python3"  # the targets' interpreter, inside the namespaces
+SUMMARY = "Summarize"
+FORKS = 16
+PHASES = ("stop", "cleanup", "drain", "container_reset", "launch")
+
+
+class Fleet:
+    """N PID namespaces, one host and one demo job each, and the inventories that name them."""
+
+    def __init__(self, work: Path, count: int) -> None:
+        self.work = work
+        self.count = count
+        self.namespaces: list[PidNamespace] = []
+        self.hosts: dict[str, dict[str, Any]] = {}
+
+    def start(self) -> None:
+        for index in range(self.count):
+            namespace = start_pid_namespace()
+            self.namespaces.append(namespace)  # recorded before anything else, so clean-up finds it
+            host = f"ct{index:02d}"
+            self.hosts[host] = self.host_vars(host, namespace)
+
+    def host_vars(self, host: str, namespace: PidNamespace) -> dict[str, Any]:
+        home = self.work / host
+        (home / "files").mkdir(parents=True)
+        (home / "logs").mkdir()
+        script = home / "files" / "demo_train.py"
+        shutil.copy(REPO / "playbooks" / "files" / "demo_train.py", script)
+        return dict(
+            nsenter_vars(namespace.init_pid),
+            job_launch_name=f"fleet-bench-{host}",
+            job_launch_command=[PYTHON, str(script)],
+            job_launch_log_path=str(home / "logs" / "train.log"),
+            job_launch_state_dir=str(home / "state"),
+            job_launch_ready_regex="^step 1 ",
+            job_launch_min_uptime=1,
+            job_launch_startup_timeout=180,
+            job_launch_stop_timeout=30,
+            process_cleanup_match=[f"{script}\\b".replace(".", "\\.")],
+            process_cleanup_term_timeout=5,
+            gpu_drain_gpus_required=False,
+            gpu_drain_timeout=20,
+            container_reset_allowed=False,
+        )
+
+    def inventory(self, size: int) -> str:
+        """An inventory of the first `size` hosts (written once per size)."""
+        path = self.work / f"inventory-{size}.json"
+        if not path.exists():
+            hosts = dict(list(self.hosts.items())[:size])
+            path.write_text(json.dumps({"all": {"hosts": hosts}}, indent=1), encoding="utf-8")
+        return str(path)
+
+    def end(self) -> list[str]:
+        """SIGKILL each recorded init (only while its start time still matches) and wait for it."""
+        problems = []
+        for namespace in self.namespaces:
+            namespace.kill()
+            if namespace.alive():
+                problems.append(f"namespace init {namespace.init_pid} is still there")
+        return problems
+
+
+def playbook(args: list[str], work: Path, name: str) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run ansible-playbook ARGS; return its wall seconds, the CPU seconds of it and the processes
+    it waited for (controller, workers, nsenter and the modules), and the finished process."""
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_FORKS=str(FORKS),
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_LOCAL_TEMP=str(work / "local-tmp" / name),
+        ANSIBLE_NOCOLOR="1",
+        PATH=f"{BIN}:{os.environ.get('PATH', '')}",
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=str(REPO), env=env,
+                          capture_output=True, text=True, check=False, timeout=1800)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: ansible-playbook exited with {done.returncode}\n"
+                           f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}")
+    return wall, cpu, done
+
+
+def summaries(done: subprocess.CompletedProcess) -> dict[str, dict[str, Any]]:
+    """Each host's relaunch summary, from the json callback's output."""
+    found: dict[str, dict[str, Any]] = {}
+    for play in json.loads(done.stdout)["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"] == SUMMARY:
+                for host, result in task["hosts"].items():
+                    found[host] = result["msg"]
+    return found
+
+
+def relaunch(fleet: Fleet, size: int, kind: str) -> tuple[float, float, list[dict[str, float]]]:
+    """Time one relaunch of the first `size` hosts and check that it did what `kind` says; also
+    return each host's phase seconds from its summary."""
+    wall, cpu, done = playbook(["-i", fleet.inventory(size), str(PLAYBOOK)], fleet.work, f"{kind}-{size}")
+    found = summaries(done)
+    if sorted(found) != sorted(list(fleet.hosts)[:size]):
+        raise RuntimeError(f"{kind} relaunch of {size}: summaries for {sorted(found)}")
+    want = kind == "first"
+    wrong = {host: (s["relaunched"], s["why"]) for host, s in found.items() if bool(s["relaunched"]) != want}
+    if wrong:
+        raise RuntimeError(f"{kind} relaunch of {size}: expected relaunched={want}, got {wrong}")
+    return wall, cpu, [{phase: float(seconds) for phase, seconds in s["seconds"].items()} for s in found.values()]
+
+
+def stop_jobs(fleet: Fleet, name: str) -> None:
+    """Stop every host's job with train_launch state=stopped (not timed)."""
+    play = fleet.work / "stop.json"
+    if not play.exists():
+        play.write_text(json.dumps([{
+            "name": "Stop the benchmark's jobs", "hosts": "all", "gather_facts": False,
+            "tasks": [{"name": "Stop", "gpuops.relaunch.train_launch": {
+                "name": "{{ job_launch_name }}", "state": "stopped", "state_dir": "{{ job_launch_state_dir }}",
+                "term_timeout": 10}}],
+        }]), encoding="utf-8")
+    playbook(["-i", fleet.inventory(fleet.count), str(play)], fleet.work, name)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def report_phases(sizes: tuple[int, int], phases: dict) -> None:
+    """Per phase of the first relaunches: the median over hosts and rounds, and the slowest host."""
+    print("\nfirst relaunch by phase (the summary's seconds; the first phase includes the probe), "
+          "median over hosts and rounds / slowest host:")
+    for size in sizes:
+        seen = {name for entry in phases.get(size, []) for name in entry}
+        names = [name for name in PHASES if name in seen] + sorted(seen - set(PHASES))
+        parts = [f"{name} {median([e[name] for e in phases[size] if name in e]):.2f}/"
+                 f"{max(e[name] for e in phases[size] if name in e):.2f}" for name in names]
+        print(f"  {size:2d} container(s): {', '.join(parts)} s")
+
+
+def report(sizes: tuple[int, int], walls: dict, cpus: dict, repeat: int) -> None:
+    one, many = sizes
+    cpus_online = os.cpu_count() or 1
+    print(f"\nrelaunch.yml wall time, medians of {repeat} (forks={FORKS}, community.docker.nsenter):")
+    print(f"  {'':<8} {'1 container':>13} {f'{many} containers':>15} {'ratio':>7}   CPU s (1 / {many})")
+    for kind in ("first", "no-op"):
+        w1, wn = median(walls[kind, one]), median(walls[kind, many])
+        c1, cn = median(cpus[kind, one]), median(cpus[kind, many])
+        verdict = "meets" if wn / w1 <= 3.0 else "MISSES"
+        print(f"  {kind:<8} {w1:12.2f}s {wn:14.2f}s {wn / w1:6.2f}x   {c1:6.1f} / {cn:6.1f}"
+              f"   ({verdict} the target of at most 3x)")
+        print(f"  {'':<8} every run: 1: {', '.join(f'{x:.2f}' for x in walls[kind, one])} s; "
+              f"{many}: {', '.join(f'{x:.2f}' for x in walls[kind, many])} s")
+    print(f"\nCPUs: {cpus_online} ({len(os.sched_getaffinity(0))} usable by this process); load average now "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
+    for kind in ("first", "no-op"):
+        cn, wn = median(cpus[kind, many]), median(walls[kind, many])
+        print(f"  {kind}: the {many}-container run used {cn:.1f} CPU s in {wn:.1f} s of wall time "
+              f"({cn / wn:.2f} CPUs busy on average of {cpus_online}); its CPU alone needs at least "
+              f"{cn / cpus_online:.1f} s here, {cn / cpus_online / median(walls[kind, one]):.2f}x the 1-container wall time.")
+    print("  The ratio is bound by CPU on a machine with few cores: forks run in parallel only as far as"
+          " there are cores for the controller's workers and the modules (CPU s above counts both;"
+          " the jobs themselves are not counted).")
+
+
+def interrupted(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--containers", type=int, default=16, help="the fleet's size (default 16)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported (default 3)")
+    parser.add_argument("--quick", action="store_true", help="one round (same as --repeat 1)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, inventories)")
+    args = parser.parse_args()
+    repeat = 1 if args.quick else args.repeat
+    if args.containers < 2 or repeat < 1:
+        parser.error("--containers must be at least 2 and --repeat at least 1")
+    sizes = (1, args.containers)
+
+    # A SIGTERM ends the benchmark like Ctrl-C: through the clean-up below.
+    signal.signal(signal.SIGTERM, interrupted)
+    work = Path(tempfile.mkdtemp(prefix="gpuops-fleet-bench-"))
+    fleet = Fleet(work, args.containers)
+    walls: dict[tuple[str, int], list[float]] = {}
+    cpus: dict[tuple[str, int], list[float]] = {}
+    phases: dict[int, list[dict[str, float]]] = {}
+    began = time.monotonic()
+    print(f"{args.containers} PID namespaces (init never reaps), work directory {work}; CPUs: {os.cpu_count()}; "
+          f"load average at the start {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    try:
+        fleet.start()
+        for round_no in range(repeat):
+            for size in sizes:
+                stop_jobs(fleet, f"stop-{round_no}-{size}")
+                for kind in ("first", "no-op"):
+                    wall, cpu, seconds = relaunch(fleet, size, kind)
+                    if kind == "first":
+                        phases.setdefault(size, []).extend(seconds)
+                    walls.setdefault((kind, size), []).append(wall)
+                    cpus.setdefault((kind, size), []).append(cpu)
+                    print(f"  round {round_no + 1}/{repeat}: {kind:<5} relaunch of {size:2d} container(s): "
+                          f"{wall:6.2f} s wall, {cpu:6.1f} CPU s", flush=True)
+    finally:
+        problems = []
+        if fleet.namespaces:
+            try:
+                stop_jobs(fleet, "stop-final")
+            except (RuntimeError, subprocess.TimeoutExpired, OSError) as error:
+                problems.append(f"stopping the jobs failed (the namespaces' end ends them): {error}")
+        problems += fleet.end()
+        if args.keep or problems:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+        for problem in problems:
+            print(f"clean-up: {problem}", file=sys.stderr)
+    report(sizes, walls, cpus, repeat)
+    report_phases(sizes, phases)
+    print(f"\nbenchmark took {time.monotonic() - began:.0f} s in all; everything it started has been ended.")
+
+
+if __name__ == "__main__":
+    main()
