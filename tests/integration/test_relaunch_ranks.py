@@ -1,0 +1,188 @@
+"""playbooks/relaunch.yml with multi-rank jobs and a fleet, for real: several hosts in one run.
+
+Each rank is an inventory host of its own (local connection, its own job name, state directory,
+log and copy of the demo trainer, so one rank's clean-up selector never matches another rank's
+processes). What is asserted is what the issue asks of a multi-rank job: every rank gets the rank
+environment, a rank that cannot be made ready keeps every rank from launching, a rank whose launch
+fails leaves no rank running, and an independent host of the same run relaunches regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.launch_targets import end_recorded_runs
+from tests.harness.playbook import REPO, run_playbook
+from tests.harness.procstates import state_of, wait_until
+
+PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
+SUMMARY = "Summarize"
+RANKS = ["rank-a", "rank-b", "rank-c"]
+
+
+def host_vars(tmp_path: Path, host: str, ranks: list[str] | None) -> dict:
+    files = tmp_path / host
+    files.mkdir()
+    script = files / "demo_train.py"
+    shutil.copy(REPO / "playbooks" / "files" / "demo_train.py", script)
+    found = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "job_launch_name": f"ranks-{host}-{os.getpid()}",
+        "job_launch_command": [sys.executable, str(script)],
+        "job_launch_log_path": str(files / "logs" / "train.log"),
+        "job_launch_state_dir": str(files / "state"),
+        "job_launch_ready_regex": "^step 1 ",
+        "job_launch_min_uptime": 0.5,
+        "job_launch_startup_timeout": 60,
+        "job_launch_stop_timeout": 10,
+        "process_cleanup_match": [f"{script}\\b".replace(".", "\\.")],
+        "process_cleanup_term_timeout": 5,
+        "gpu_drain_gpus_required": False,
+        "gpu_drain_timeout": 20,
+        "container_reset_allowed": False,
+    }
+    if ranks:
+        found["job_launch_ranks"] = ranks
+    return found
+
+
+@pytest.fixture(name="fleet")
+def fleet_fixture(tmp_path):
+    """Three ranks of one job and one independent host, all on this machine."""
+    hosts = {host: host_vars(tmp_path, host, RANKS) for host in RANKS}
+    hosts["rank-a"]["job_launch_master_addr"] = "10.0.0.1"
+    hosts["solo"] = host_vars(tmp_path, "solo", None)
+    inventory = tmp_path / "inventory.json"
+
+    def write() -> str:
+        inventory.write_text(json.dumps({"all": {"hosts": hosts}}), encoding="utf-8")
+        return str(inventory)
+
+    write()
+    yield {"dir": tmp_path, "hosts": hosts, "write": write}
+    for host, variables in hosts.items():
+        state_dir = Path(variables["job_launch_state_dir"])
+        if state_dir.is_dir():
+            run_playbook([{"hosts": host, "gather_facts": False, "tasks": [{"name": "Stop", "gpuops.relaunch.train_launch": {
+                "name": variables["job_launch_name"], "state": "stopped", "state_dir": str(state_dir)}}]}],
+                inventory=write())
+            end_recorded_runs(state_dir)
+
+
+def relaunch(fleet, **extra) -> tuple[object, dict]:
+    run = run_playbook(PLAYBOOK, inventory=fleet["write"](), env={"ANSIBLE_SHOW_CUSTOM_STATS": "1"},
+                       extra_vars={"relaunch_summary_dir": str(fleet["dir"]), **extra})
+    fleet_summary = json.loads((fleet["dir"] / "fleet.json").read_text(encoding="utf-8"))
+    return run, fleet_summary
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def job_pid(fleet, host: str) -> int | None:
+    """The pid of the host's running job as its run record says (None when none runs)."""
+    variables = fleet["hosts"][host]
+    record = Path(variables["job_launch_state_dir"]) / variables["job_launch_name"] / "run.json"
+    try:
+        pid = json.loads(record.read_text(encoding="utf-8"))["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if state_of(pid) not in (None, "Z") else None
+
+
+def started(fleet, hosts: list[str]) -> dict[str, int | None]:
+    return {host: job_pid(fleet, host) for host in hosts}
+
+
+def gone(before: dict[str, int | None]) -> None:
+    for host, pid in before.items():
+        wait_until(lambda p=pid: state_of(p) is None, what=f"{host}'s old job to be gone")
+
+
+def messages(run) -> str:
+    return " ".join(json.dumps(results) for results in run.tasks.values())
+
+
+# One scenario, run by run, because each run starts from what the last one left (and every run of
+# four hosts costs real seconds): launch, nothing to do, one rank must relaunch, one rank cannot be
+# made ready, one rank's launch fails.
+def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone(fleet):
+    # 1. Every rank launches, each with its rank environment; the independent host too.
+    run, summary = relaunch(fleet)
+    assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    for index, host in enumerate(RANKS):
+        result = run.result(SUMMARY, host)["msg"]
+        assert result["relaunched"] is True and result["rank"]["index"] == index
+        env = environ(int(result["job"]["pid"]))
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NODE_RANK"], env["NNODES"]) == (
+            "10.0.0.1", "29500", str(index), "3")
+    job = summary["jobs"]["rank-a"]
+    assert job["ranks"] == RANKS and job["relaunched"] == RANKS and job["failed"] == []
+    assert summary["hosts"]["solo"]["status"] == "relaunched" and summary["hosts"]["solo"]["rank"] is None
+    assert set(summary["hosts"]) == {*RANKS, "solo"} and summary["counts"]["relaunched"] == 4
+    assert json.loads(run.stdout)["global_custom_stats"]["relaunch_fleet"]["counts"] == summary["counts"]
+
+    # 2. Nothing to do: nothing changes.
+    again, quiet = relaunch(fleet)
+    assert again.rc == 0
+    assert quiet["counts"] == {"relaunched": 0, "unchanged": 4, "refused": 0, "failed": 0, "would_relaunch": 0}
+    assert [name for name, hosts in again.tasks.items() if any(h.get("changed") for h in hosts)] == []
+
+    # 3. rank-b must be relaunched (its spec changed), so every rank is: the others would wait at a
+    #    rendezvous the new rank-b never joins. The independent host is left alone.
+    before = started(fleet, RANKS)
+    fleet["hosts"]["rank-b"]["job_launch_command"] = fleet["hosts"]["rank-b"]["job_launch_command"] + ["--lines", "4"]
+    run, summary = relaunch(fleet)
+    assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert summary["jobs"]["rank-a"]["relaunched"] == RANKS and summary["hosts"]["solo"]["status"] == "unchanged"
+    gone(before)
+    assert all(job_pid(fleet, host) not in (None, before[host]) for host in RANKS)
+
+    # 4. rank-c cannot be made ready (its state directory is a file: its stop fails). No rank
+    #    launches; the independent host, forced too, relaunches all the same.
+    before = started(fleet, [*RANKS, "solo"])
+    blocked = fleet["dir"] / "blocked-state"
+    blocked.write_text("not a directory\n", encoding="utf-8")
+    rank_c_state = fleet["hosts"]["rank-c"]["job_launch_state_dir"]
+    fleet["hosts"]["rank-c"]["job_launch_state_dir"] = str(blocked)
+    run, summary = relaunch(fleet, relaunch_force=True)
+    fleet["hosts"]["rank-c"]["job_launch_state_dir"] = rank_c_state
+    assert run.rc != 0
+    gone({host: before[host] for host in ("rank-a", "rank-b")})
+    assert job_pid(fleet, "rank-a") is None and job_pid(fleet, "rank-b") is None, "a rank launched alone"
+    assert [summary["hosts"][host]["status"] for host in RANKS] == ["failed"] * 3
+    assert summary["jobs"]["rank-a"]["relaunched"] == [] and summary["jobs"]["rank-a"]["failed"] == RANKS
+    assert "rank(s) rank-c could not be made ready" in messages(run)
+    assert summary["hosts"]["solo"]["status"] == "relaunched"
+    assert job_pid(fleet, "solo") not in (None, before["solo"])
+
+    # 5. rank-c is usable again (its old job still runs: it was never stopped), but rank-b's new
+    #    spec ends before it is ready. Ranks that started are stopped again: none is left running.
+    before = started(fleet, ["rank-c"])
+    fleet["hosts"]["rank-b"]["job_launch_command"] = fleet["hosts"]["rank-b"]["job_launch_command"] + [
+        "--ready-after", "5", "--exit-after", "0.2", "--exit-code", "3"]
+    run, summary = relaunch(fleet)
+    assert run.rc != 0
+    gone(before)
+    assert [job_pid(fleet, host) for host in RANKS] == [None] * 3, "a rank was left running"
+    assert [summary["hosts"][host]["status"] for host in RANKS] == ["failed"] * 3
+    assert "rank(s) rank-b did not start" in messages(run)
+
+
+def test_ranks_split_by_the_limit_are_refused_before_anything_changes(fleet):
+    run = run_playbook(PLAYBOOK, inventory=fleet["write"](), extra_vars={"relaunch_hosts": "rank-a:rank-b"})
+    assert run.rc != 0
+    failed = run.tasks["Check that the job's ranks make one job in this run"]
+    assert {entry["_host"] for entry in failed if entry.get("failed")} == {"rank-a", "rank-b"}
+    assert "missing ['rank-c']" in failed[0]["msg"]
+    for host in RANKS:
+        assert not Path(fleet["hosts"][host]["job_launch_state_dir"]).exists()
