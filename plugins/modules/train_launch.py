@@ -230,6 +230,15 @@ options:
     type: list
     elements: str
     default: []
+  resume:
+    description:
+      - When a start appends O(resume_args). V(auto) - after a run found V(crashed), V(stalled) or V(missing).
+        V(always) - whenever the job ran before (never on a first launch), for example for the ranks of a
+        multi-rank job relaunched because another rank failed, which must resume from the same checkpoint.
+        V(never) - never.
+    type: str
+    choices: [auto, always, never]
+    default: auto
   max_relaunches:
     description:
       - The crash-loop guard - at most this many relaunches after a failure within O(relaunch_window);
@@ -694,6 +703,7 @@ def main() -> None:
             "progress_regex": {"type": "str"},
             "stall_after": {"type": "float"},
             "resume_args": {"type": "list", "elements": "str", "default": []},
+            "resume": {"type": "str", "choices": ["auto", "always", "never"], "default": "auto"},
             "max_relaunches": {"type": "int"},
             "relaunch_window": {"type": "float", "default": 3600},
         },

@@ -511,7 +511,8 @@ class LaunchController:
         same_log = status.run is not None and status.run.get("log_path") == options.log_path
         same = status.spec_hash == spec.spec_hash and status.backend == backend_name and same_log
         guard, history, now, relaunch = self._guard()
-        resume = relaunch and bool(options.resume_args)
+        resume = bool(options.resume_args) and (
+            relaunch if options.resume == "auto" else options.resume == "always" and self.found.has_run)
         result["resumed"] = False
         if options.state == "started" and status.running and same and self.found.state != Health.STALLED:
             result["running"] = True

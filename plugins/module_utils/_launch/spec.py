@@ -104,6 +104,9 @@ class LaunchOptions:
     progress_regex: Pattern[str] | None = None
     stall_after: float | None = None
     resume_args: tuple[str, ...] = field(default_factory=tuple)
+    # auto: resume after a crashed, stalled or missing run; always: whenever the job ran before
+    # (the other ranks of a multi-rank job one of whose ranks failed); never.
+    resume: str = "auto"
     max_relaunches: int | None = None
     relaunch_window: float = 3600.0
 
@@ -399,6 +402,7 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
         progress_regex=progress_regex,
         stall_after=stall_after,
         resume_args=resume_args or (),
+        resume=params.get("resume") or "auto",
         max_relaunches=max_relaunches,
         relaunch_window=float(relaunch_window or 3600.0),
     )

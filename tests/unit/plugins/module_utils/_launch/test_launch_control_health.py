@@ -90,3 +90,19 @@ def test_a_finished_run_is_not_a_failure(tmp_path, job) -> None:
     would = apply(tmp_path, check_mode=True)
     assert would["health"]["state"] == "finished" and would["operation"] == "start"
     assert would["resumed"] is False and would["relaunch_guard"]["needed"] is False
+
+
+@pytest.mark.parametrize("resume, expected", [("auto", False), ("always", True), ("never", False)])
+def test_resume_always_resumes_a_finished_run_and_never_keeps_a_crashed_one_from_the_start(tmp_path, job, resume,
+                                                                                            expected) -> None:
+    # A finished run: auto does not resume it; always does (the job ran before: the other ranks of a
+    # multi-rank job one of whose ranks failed resume from the same checkpoint).
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 0, "exit_signal": None, "ended_at": "t"}))
+    assert apply(tmp_path, check_mode=True, resume=resume)["resumed"] is expected
+    # A crashed run: auto and always resume it, never does not.
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 3, "exit_signal": None, "ended_at": "t"}))
+    assert apply(tmp_path, check_mode=True, resume=resume, max_relaunches=None)["resumed"] is (resume != "never")
+
+
+def test_resume_always_never_resumes_a_first_launch(tmp_path) -> None:
+    assert apply(tmp_path, check_mode=True, resume="always")["resumed"] is False
