@@ -80,6 +80,7 @@ test: pytest sanity lint docs-lint molecule
 bench: setup
 	$(PY) bench/scan_vs_ps.py
 	$(PY) bench/gpu_wait_latency.py
+	$(PY) bench/fleet_relaunch.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)
