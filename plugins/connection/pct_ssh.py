@@ -180,7 +180,7 @@ options:
         missing; refused unless it is a directory (not a link) of this user that no one else has
         any access to (mode C(0700) or stricter).
       - Each socket is named by OpenSSH's C(%C) hash of the connection (local host, node, port,
-        user).
+        user). A Unix socket's path is limited to 107 bytes, so the directory may be at most 49 bytes long.
     type: path
     default: ~/.ansible/pct_ssh
     ini:
@@ -307,6 +307,10 @@ READ_SIZE = 65536
 REDACTED_KEY = "<private key file>"
 
 
+# 107 bytes of sun_path, less "/" + 40 hex digits of %C + "." + 16 characters of ssh's temporary name.
+MAX_CONTROL_DIR_BYTES = 107 - 58
+
+
 class Connection(ConnectionBase):
     """Tasks in a Proxmox LXC container: one ``ssh NODE pct exec VMID -- /bin/sh -c CMD`` per action,
     over an OpenSSH connection shared between tasks (ControlMaster/ControlPersist)."""
@@ -353,6 +357,14 @@ class Connection(ConnectionBase):
             raise AnsibleError(
                 f"gpuops.relaunch.pct_ssh: control_path_dir {path} must belong to this user (uid {os.geteuid()}) "
                 f"with mode 0700 (it has uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})"
+            )
+        if len(os.fsencode(path)) > MAX_CONTROL_DIR_BYTES:
+            # ssh names the socket DIR/%C (40 hex digits) and first binds DIR/%C.<16 random
+            # characters>: a longer directory fails later with "too long for Unix domain socket".
+            raise AnsibleError(
+                f"gpuops.relaunch.pct_ssh: control_path_dir {path} is too long for a control socket"
+                f" (at most {MAX_CONTROL_DIR_BYTES} bytes: a Unix socket's path is limited to 107);"
+                " choose a shorter directory"
             )
         return path
 

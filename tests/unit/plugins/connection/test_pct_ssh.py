@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,11 +39,37 @@ def load():
     return conn
 
 
+# Control socket directories short enough for a socket path (pytest's tmp_path is too long).
+SHORT_DIRS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def remove_short_dirs() -> Iterator[None]:
+    yield
+    while SHORT_DIRS:
+        shutil.rmtree(SHORT_DIRS.pop(), ignore_errors=True)
+
+
+def short_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="pct-ut-")) / "cp"
+    SHORT_DIRS.append(path.parent)
+    return path
+
+
 def connection(tmp_path: Path, **options):
+    del tmp_path  # the control directory must be short: see short_dir
     conn = load()
     conn.set_options(direct={"vmid": 200, "remote_addr": "pve1.example.org",
-                             "control_path_dir": str(tmp_path / "cp"), **options})
+                             "control_path_dir": str(short_dir()), **options})
     return conn
+
+
+def test_a_control_directory_too_long_for_a_socket_is_refused_naming_the_limit(tmp_path):
+    conn = load()
+    conn.set_options(direct={"vmid": 200, "remote_addr": "pve1", "control_path_dir": str(tmp_path / ("d" * 60))})
+
+    with pytest.raises(AnsibleError, match="control_path_dir .* is too long for a control socket .at most 49 bytes"):
+        conn._ssh_argv()  # pylint: disable=protected-access
 
 
 def option_values(argv: list[str]) -> dict[str, str]:
@@ -59,12 +88,12 @@ def test_the_ssh_command_line_shares_one_checked_connection_per_node(tmp_path):
         "ConnectTimeout": "10",
         "ControlMaster": "auto",
         "ControlPersist": "60s",
-        "ControlPath": str(tmp_path / "cp" / "%C"),
+        "ControlPath": str(SHORT_DIRS[-1] / "cp" / "%C"),
         "IdentityFile": "/keys/pve",
         "IdentitiesOnly": "yes",
     }
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "root"
-    assert (tmp_path / "cp").stat().st_mode & 0o777 == 0o700
+    assert (SHORT_DIRS[-1] / "cp").stat().st_mode & 0o777 == 0o700
 
 
 def test_options_change_the_command_line(tmp_path):
@@ -127,7 +156,7 @@ def test_a_control_directory_others_can_use_is_refused(tmp_path, mode):
     shared = tmp_path / "cp"
     shared.mkdir()
     shared.chmod(mode)
-    conn = connection(tmp_path)
+    conn = connection(tmp_path, control_path_dir=str(shared))
 
     with pytest.raises(AnsibleError, match="must belong to this user .* with mode 0700"):
         conn._ssh_argv()  # pylint: disable=protected-access
