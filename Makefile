@@ -81,6 +81,7 @@ bench: setup
 	$(PY) bench/scan_vs_ps.py
 	$(PY) bench/gpu_wait_latency.py
 	$(PY) bench/fleet_relaunch.py
+	$(PY) bench/pct_connection.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)
