@@ -825,7 +825,7 @@ def lab_down(directory: str | os.PathLike) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.fakepve_lxc", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.harness.fakepve_lxc", description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("action", choices=("up", "down", "serve"))
     parser.add_argument("directory")
     parser.add_argument("--vmid", type=int, default=200)

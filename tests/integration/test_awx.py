@@ -499,7 +499,7 @@ LAUNCH_TASK = "Launch the job and prove it started"
 
 def _task_events(events: list[dict[str, Any]], task: str | None = None, action: str | None = None,
                  kinds: tuple[str, ...] = ("runner_on_ok", "runner_on_failed", "runner_on_skipped",
-                                            "runner_on_unreachable")) -> list[dict[str, Any]]:
+                                           "runner_on_unreachable")) -> list[dict[str, Any]]:
     """The per-host result events of a task, by name and/or module (oldest first)."""
     return [
         e for e in events

@@ -12,7 +12,6 @@ scene started; the namespace dies with the test.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

@@ -93,8 +93,8 @@ def test_a_finished_run_is_not_a_failure(tmp_path, job) -> None:
 
 
 @pytest.mark.parametrize("resume, expected", [("auto", False), ("always", True), ("never", False)])
-def test_resume_always_resumes_a_finished_run_and_never_keeps_a_crashed_one_from_the_start(tmp_path, job, resume,
-                                                                                            expected) -> None:
+def test_resume_always_resumes_a_finished_run_and_never_keeps_a_crashed_one_from_the_start(
+        tmp_path, job, resume, expected) -> None:
     # A finished run: auto does not resume it; always does (the job ran before: the other ranks of a
     # multi-rank job one of whose ranks failed resume from the same checkpoint).
     (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 0, "exit_signal": None, "ended_at": "t"}))
