@@ -5,7 +5,8 @@ collection's pct_ssh connection to the test sshd (tests/harness/pct_sshd.py), wh
 ``pct exec VMID`` for each. Rank 0's container holds a stale run whose zombies only a reboot clears
 (its init never reaps): the relaunch ends the run, reboots that container through the API (and only
 that one), and only then launches both ranks, each with its rank environment. Then rank 1's new
-spec cannot start, and no rank is left running.
+spec cannot start, and no rank is left running, while an independent job in a third container of
+the same node relaunches all the same.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ pytestmark = [
 RANK1 = "gpu-train-02"
 RANK1_VMID = 201
 RANKS = [HOSTNAME, RANK1]
+SOLO = "gpu-train-03"  # an independent job in a third container of the node
+SOLO_VMID = 202
 
 
 def environ(container, pid: int) -> dict[str, str]:
@@ -58,8 +61,10 @@ def environ(container, pid: int) -> dict[str, str]:
 @needs_sshd
 def test_two_containers_as_one_job_one_reboot_then_both_ranks_launch(lab, pct_host, tmp_path):  # pylint: disable=redefined-outer-name
     second = lab.add_container(RANK1_VMID, RANK1, node=lab.node)
-    install_demo_files(second.container)
-    pct_host.register(RANK1_VMID, second.container.lxcpath)
+    solo = lab.add_container(SOLO_VMID, SOLO, node=lab.node)
+    for bridged, vmid in ((second, RANK1_VMID), (solo, SOLO_VMID)):
+        install_demo_files(bridged.container)
+        pct_host.register(vmid, bridged.container.lxcpath)
     # A short directory: a Unix socket's path is limited to 107 bytes, and pytest's tmp_path is long.
     control = Path(tempfile.mkdtemp(prefix="cp-"))
     try:
@@ -72,12 +77,14 @@ def test_two_containers_as_one_job_one_reboot_then_both_ranks_launch(lab, pct_ho
                 "job_launch_ranks": RANKS,
             }
         hosts[HOSTNAME]["job_launch_master_addr"] = "10.10.0.1"
+        hosts[SOLO] = {**pct_host.pct_ssh_host_vars(SOLO_VMID, control), **relaunch_vars(lab, reset_allowed=False),
+                       "container_reset_vmid": SOLO_VMID}
         inventory = tmp_path / "inv.json"
 
-        def relaunch() -> tuple:
+        def relaunch(**extra) -> tuple:
             inventory.write_text(json.dumps({"all": {"hosts": hosts}}), encoding="utf-8")
             run = run_playbook(RELAUNCH, inventory=str(inventory), env=pct_host.environment(), timeout=600,
-                               extra_vars={"relaunch_summary_dir": str(tmp_path)})
+                               extra_vars={"relaunch_summary_dir": str(tmp_path), **extra})
             fleet_file = tmp_path / "fleet.json"
             assert fleet_file.exists(), explain(run)
             return run, json.loads(fleet_file.read_text(encoding="utf-8"))
@@ -102,21 +109,27 @@ def test_two_containers_as_one_job_one_reboot_then_both_ranks_launch(lab, pct_ho
             assert (env["MASTER_ADDR"], env["NODE_RANK"], env["NNODES"]) == ("10.10.0.1", str(index), "2")
         assert fleet["jobs"][HOSTNAME] == {"ranks": RANKS, "relaunched": RANKS, "failed": []}
         assert fleet["hosts"][HOSTNAME]["container_reset"] is True and fleet["hosts"][RANK1]["container_reset"] is False
+        assert fleet["hosts"][SOLO]["status"] == "relaunched" and fleet["hosts"][SOLO]["rank"] is None
+        solo_job = running_job(solo.container, run.result("Summarize", SOLO)["msg"]["job"])
         if pct_calls is not None:
             assert pct_host.pct_calls() > pct_calls
 
-        # Rank 1's new spec ends before it is ready: rank 0, started, is stopped again.
+        # Rank 1's new spec ends before it is ready: rank 0, started, is stopped again. The
+        # independent job, forced too, relaunches all the same: one failed job stops no other.
         hosts[RANK1]["job_launch_command"] = hosts[RANK1]["job_launch_command"] + [
             "--ready-after", "5", "--exit-after", "0.2", "--exit-code", "3"]
-        run, fleet = relaunch()
+        run, fleet = relaunch(relaunch_force=True)
 
         assert run.rc != 0
         for container in (lab.container, second.container):
             wait_until(lambda c=container: job_processes(c) == [], what="no rank's job to be left running")
         assert [fleet["hosts"][name]["status"] for name in RANKS] == ["failed", "failed"]
+        assert fleet["hosts"][SOLO]["status"] == "relaunched" and fleet["counts"]["failed"] == 2
+        assert running_job(solo.container, run.result("Summarize", SOLO)["msg"]["job"]) != solo_job
         assert len(posts(lab)) == 1  # nothing called for another reboot
     finally:
         pct_host.unregister(RANK1_VMID)
+        pct_host.unregister(SOLO_VMID)
         for socket in control.iterdir():  # the connection's masters persist: ask each to exit
             subprocess.run(["ssh", "-S", str(socket), "-O", "exit", "ignored"], capture_output=True, timeout=30, check=False)
         shutil.rmtree(control, ignore_errors=True)
