@@ -37,6 +37,7 @@ extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
   - gpuops.relaunch.attributes.platform
+  - gpuops.relaunch.gpu_backend
 options:
   devices:
     description:
@@ -100,18 +101,6 @@ options:
         RV(gpu_present=false) after waiting for the other conditions.
     type: bool
     default: true
-  backend:
-    description:
-      - How to read the GPUs. V(auto) uses the Python bindings and falls back to V(nvidia-smi) when
-        they are not installed.
-    type: str
-    choices: [auto, pynvml, nvidia-smi]
-    default: auto
-  nvidia_smi:
-    description:
-      - The C(nvidia-smi) executable, a name looked up on C(PATH) or a path.
-    type: str
-    default: nvidia-smi
   proc_root:
     description:
       - Where the process table is mounted, for the holders' states, O(pids_gone) and C(meminfo).

@@ -47,6 +47,7 @@ requirements:
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.platform
+  - gpuops.relaunch.gpu_backend
 options:
   devices:
     description:
@@ -136,18 +137,6 @@ options:
         RV(gpu_present=false) and does nothing.
     type: bool
     default: true
-  backend:
-    description:
-      - How to read the GPUs. V(auto) uses the Python bindings and falls back to V(nvidia-smi) when
-        they are not installed.
-    type: str
-    choices: [auto, pynvml, nvidia-smi]
-    default: auto
-  nvidia_smi:
-    description:
-      - The C(nvidia-smi) executable, a name looked up on C(PATH) or a path.
-    type: str
-    default: nvidia-smi
 attributes:
   check_mode:
     support: full
