@@ -50,6 +50,7 @@ def host_vars(tmp_path: Path, host: str, ranks: list[str] | None) -> dict:
     }
     if ranks:
         found["job_launch_ranks"] = ranks
+        found["job_launch_resume_args"] = ["--resume", "ckpt-latest"]
     return found
 
 
@@ -138,14 +139,27 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     assert [name for name, hosts in again.tasks.items() if any(h.get("changed") for h in hosts)] == []
 
     # 3. rank-b must be relaunched (its spec changed), so every rank is: the others would wait at a
-    #    rendezvous the new rank-b never joins. The independent host is left alone.
+    #    rendezvous the new rank-b never joins. Not after a failure: nobody resumes. The independent
+    #    host is left alone.
     before = started(fleet, RANKS)
-    fleet["hosts"]["rank-b"]["job_launch_command"] = fleet["hosts"]["rank-b"]["job_launch_command"] + ["--lines", "4"]
+    fleet["hosts"]["rank-b"]["job_launch_command"] = fleet["hosts"]["rank-b"]["job_launch_command"] + [
+        "--step-interval", "0.2", "--crash-at-step", "5"]
     run, summary = relaunch(fleet)
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert summary["jobs"]["rank-a"]["relaunched"] == RANKS and summary["hosts"]["solo"]["status"] == "unchanged"
+    assert [run.result(SUMMARY, host)["msg"]["resumed"] for host in RANKS] == [False] * 3
     gone(before)
-    assert all(job_pid(fleet, host) not in (None, before[host]) for host in RANKS)
+    # (rank-b's new run, proven started, crashes a second later: it is checked in 3b.)
+    assert all(job_pid(fleet, host) not in (None, before[host]) for host in ("rank-a", "rank-c"))
+
+    # 3b. rank-b crashes at step 5: every rank relaunches, and every rank resumes from the
+    #     checkpoint (resume_args), not only the one that crashed.
+    wait_until(lambda: job_pid(fleet, "rank-b") is None, what="rank-b to crash")
+    run, summary = relaunch(fleet)
+    assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert run.result(SUMMARY, "rank-b")["msg"]["health"]["state"] == "crashed"
+    assert [run.result(SUMMARY, host)["msg"]["resumed"] for host in RANKS] == [True] * 3
+    assert all(b"ckpt-latest" in Path(f"/proc/{job_pid(fleet, host)}/cmdline").read_bytes() for host in ("rank-a", "rank-c"))
 
     # 4. rank-c cannot be made ready (its state directory is a file: its stop fails). No rank
     #    launches; the independent host, forced too, relaunches all the same.
