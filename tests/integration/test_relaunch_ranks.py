@@ -148,6 +148,7 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert summary["jobs"]["rank-a"]["relaunched"] == RANKS and summary["hosts"]["solo"]["status"] == "unchanged"
     assert [run.result(SUMMARY, host)["msg"]["resumed"] for host in RANKS] == [False] * 3
+    assert run.result(SUMMARY, "rank-a")["msg"]["why"] == "relaunched with its job, because rank(s) rank-b must be"
     gone(before)
     # (rank-b's new run, proven started, crashes a second later: it is checked in 3b.)
     assert all(job_pid(fleet, host) not in (None, before[host]) for host in ("rank-a", "rank-c"))
