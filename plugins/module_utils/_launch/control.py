@@ -410,13 +410,14 @@ class LaunchController:
 
     def _incident(self, run: dict) -> None:
         """The incident record of the run found stalled or crashed: one per run, written before any signal."""
-        run_id = str(run.get("run_id"))
+        identity = self.records.identity(run)
+        # A run id names the record's file: one that is not a run id (a record that lies) never does.
+        run_id = identity.run_id if identity is not None else "unsound-run-record"
         job_dir = self.records.job_dir
         existing = existing_incident(job_dir, run_id)
         if existing is not None:
             self.result["incident"] = existing
             return
-        identity = self.records.identity(run)
         members: list[int] = []
         processes: list[dict] = []
         if identity is not None:

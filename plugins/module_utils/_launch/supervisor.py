@@ -113,6 +113,12 @@ def write_json_atomic(path: str, data: dict) -> None:
         raise
 
 
+def _refuse_constant(name: str) -> None:
+    # Python's json reads NaN and Infinity, which no record of ours holds: every comparison with NaN
+    # is false and an infinite time never passes (a guard that never reopens, a stall never seen).
+    raise ValueError("holds %s, which is not a number a record can hold" % name)
+
+
 def load_json(path: str) -> dict | None:
     """The JSON object in `path`; None if there is no such file; ValueError if it is anything else
     (not a regular file, a symlink, too large, not JSON, not an object)."""
@@ -127,7 +133,7 @@ def load_json(path: str) -> dict | None:
     if len(raw) > RECORD_READ_LIMIT:
         raise ValueError("is larger than %d bytes" % RECORD_READ_LIMIT)
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except ValueError as exc:
         raise ValueError("is not valid JSON (%s)" % exc) from None
     if not isinstance(data, dict):

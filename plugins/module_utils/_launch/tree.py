@@ -21,6 +21,7 @@ first, then, after stop_timeout, SIGKILL; each step polls the process table unti
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -62,6 +63,9 @@ def _record_int(record: dict, key: str, source: str, required: bool = True) -> i
     return value
 
 
+# What new_run_id writes (uuid4 hex), with room for ids of other versions; no "/" and no "..".
+RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
 @dataclass(frozen=True)
 class JobIdentity:
     """What the record says about one supervised run: where to look, not what to signal."""
@@ -77,8 +81,9 @@ class JobIdentity:
     def from_run(cls, run: dict, job_dir: str, source: str = "run.json") -> "JobIdentity":
         """The identity in a run record; RecordError when a field is of the wrong kind."""
         run_id = run.get("run_id")
-        if not isinstance(run_id, str) or not run_id:
-            raise RecordError(f"{source}: run_id is missing or not a string ({run_id!r})")
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+            # The run id names files (incidents/incident-TIME-RUN_ID.json): never a path.
+            raise RecordError(f"{source}: run_id is missing or not a run id ({run_id!r})")
         return cls(
             job_dir=job_dir,
             run_id=run_id,

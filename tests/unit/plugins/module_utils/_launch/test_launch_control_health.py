@@ -106,3 +106,25 @@ def test_resume_always_resumes_a_finished_run_and_never_keeps_a_crashed_one_from
 
 def test_resume_always_never_resumes_a_first_launch(tmp_path) -> None:
     assert apply(tmp_path, check_mode=True, resume="always")["resumed"] is False
+
+
+def test_a_run_record_whose_run_id_is_a_path_never_names_a_file(tmp_path, job) -> None:
+    # A record that lies: its run id climbs out of the incidents directory.
+    run = json.loads((job / "run.json").read_text())
+    (job / "run.json").write_text(json.dumps({**run, "run_id": "../../../escaped"}))
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 3, "exit_signal": None, "ended_at": "t"}))
+    result = apply(tmp_path, state="stopped", command=None)
+    assert any("run_id is missing or not a run id" in problem for problem in result["record_problems"])
+    assert result["incident"] is None  # the record is ignored as a whole: no run, nothing to record
+    assert not list(tmp_path.rglob("escaped*"))
+    for path in tmp_path.rglob("incident-*"):
+        assert path.parent == job / "incidents"
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_relaunch_history_holding_nan_or_infinity_is_refused_and_reported(tmp_path, job, constant) -> None:
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 3, "exit_signal": None, "ended_at": "t"}))
+    (job / "relaunches.json").write_text('{"relaunches": [{"at": %s, "run_id": "r0", "health": "crashed"}]}' % constant)
+    result = apply(tmp_path, state="health", command=None)
+    assert any(f"holds {constant}" in problem for problem in result["record_problems"])
+    assert result["relaunch_guard"]["recent"] == 0
