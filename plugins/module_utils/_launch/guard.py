@@ -14,7 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# What an entry keeps: a record's other fields never reach the task's result.
+ENTRY_KEYS = ("at", "at_iso", "run_id", "health")
 HISTORY_FILE = "relaunches.json"
+# How far ahead of now a relaunch time may lie and still count (a clock set back by up to a day).
+FUTURE_TOLERANCE = 86400.0
 # The history never grows beyond this many entries, whatever the window.
 HISTORY_LIMIT = 1000
 
@@ -27,12 +31,14 @@ class RelaunchGuard:
     window: float
 
     def recent(self, history: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-        """The relaunches within the window before `now` (a timestamp in the future counts too:
-        a clock set back must not reopen the gate)."""
-        return [entry for entry in history if now - entry["at"] < self.window]
+        """The relaunches within the window around `now`."""
+        return [entry for entry in history if _within(entry, now, self.window)]
 
     def allows(self, history: list[dict[str, Any]], now: float) -> bool:
-        return self.max_relaunches is None or len(self.recent(history, now)) < self.max_relaunches
+        return self._allows(len(self.recent(history, now)))
+
+    def _allows(self, recent: int) -> bool:
+        return self.max_relaunches is None or recent < self.max_relaunches
 
     def report(self, history: list[dict[str, Any]], now: float, needed: bool) -> dict[str, Any]:
         """What the result says: the limit, the recent relaunches, and whether this one is refused."""
@@ -43,7 +49,7 @@ class RelaunchGuard:
             "recent": len(recent),
             "history": recent[-20:],
             "needed": needed,
-            "would_refuse": needed and not self.allows(history, now),
+            "would_refuse": needed and not self._allows(len(recent)),
         }
 
     def refusal(self, recent: int, health: str) -> str:
@@ -52,18 +58,26 @@ class RelaunchGuard:
                 "look at the evidence, fix the cause, then raise max_relaunches or wait")
 
 
+def _within(entry: dict[str, Any], now: float, window: float) -> bool:
+    """Within the window before `now`, or ahead of it by less than a day (or the window): a clock set
+    back must not reopen the gate, but a time far ahead (a clock that jumped, a record that lies)
+    must not close it for ever."""
+    ahead = entry["at"] - now
+    return -window < ahead < max(window, FUTURE_TOLERANCE)
+
+
 def history_entries(record: dict | None) -> list[dict[str, Any]]:
     """The sound entries of relaunches.json (each with a numeric `at`), oldest first."""
     entries = (record or {}).get("relaunches")
     if not isinstance(entries, list):
         return []
-    sound = [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("at"), (int, float))
-             and not isinstance(entry.get("at"), bool)]
+    sound = [{key: entry[key] for key in ENTRY_KEYS if key in entry} for entry in entries
+             if isinstance(entry, dict) and isinstance(entry.get("at"), (int, float)) and not isinstance(entry.get("at"), bool)]
     return sorted(sound, key=lambda entry: entry["at"])
 
 
 def with_relaunch(history: list[dict[str, Any]], entry: dict[str, Any], now: float, window: float) -> dict[str, Any]:
     """The new relaunches.json: `entry` added, entries older than the window dropped."""
-    kept = [old for old in history if now - old["at"] < window]
+    kept = [old for old in history if _within(old, now, window)]
     kept.append(entry)
     return {"relaunches": kept[-HISTORY_LIMIT:]}

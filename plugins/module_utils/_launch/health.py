@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Pattern
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import describe_exit
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import open_regular
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
@@ -145,6 +146,14 @@ class Progress:
                 "first_seen": self.seen_at, "first_seen_at": iso(self.seen_at)}
 
 
+def _plausible_time(value: Any, started_at: float | None, now: float) -> bool:
+    """Whether `value` can be when a line of this run was first seen: a number between the run's start
+    and now. A record that says otherwise (0, a time before the run, one to come) would make a
+    running job look stalled at once - and a stalled job is stopped."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (started_at is None or value >= started_at) and value <= now)
+
+
 def measure(log: LogProgress, run_id: str, started_at: float | None, record: dict | None,
             now: float) -> Progress:
     """The progress of run `run_id` from its log, its start and the progress record (see the module doc)."""
@@ -157,8 +166,7 @@ def measure(log: LogProgress, run_id: str, started_at: float | None, record: dic
         if log.whole and started_at is not None:
             bounds.append((started_at, "run_start"))  # no progress line yet: the start is the last progress
     elif (record is not None and record.get("run_id") == run_id and record.get("line_end") == log.line_end
-          and record.get("step") == log.step and isinstance(record.get("first_seen"), (int, float))
-          and not isinstance(record.get("first_seen"), bool)):
+          and record.get("step") == log.step and _plausible_time(record.get("first_seen"), started_at, now)):
         bounds.append((float(record["first_seen"]), "progress_record"))
     if log.line is None and not log.whole and not bounds:
         return Progress(None, None, None, "unknown", why_unknown="no progress line in the end of the log")
@@ -208,14 +216,6 @@ class HealthReport:
         return result
 
 
-def describe_end(record: dict) -> str:
-    if record.get("error"):
-        return str(record["error"])
-    if record.get("exit_signal"):
-        return f"signal {record['exit_signal']}"
-    return f"exit code {record.get('exit_code')}"
-
-
 def _ended(run_id: str, exit_record: dict, stop_record: dict | None) -> HealthReport:
     exit_fields = {key: exit_record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
     if stop_record is not None and stop_record.get("run_id") == run_id:
@@ -223,14 +223,14 @@ def _ended(run_id: str, exit_record: dict, stop_record: dict | None) -> HealthRe
         found = stop_record.get("health")
         state = Health(found) if found in (Health.STALLED.value, Health.CRASHED.value) else Health.STOPPED
         why = (f"stopped by train_launch at {stop_record.get('requested_at')} (it was {found}); "
-               f"ended with {describe_end(exit_record)}")
+               f"ended with {describe_exit(exit_record)}")
         return HealthReport(state, why, run_id, exit=exit_fields, stopped=True)
     if exit_record.get("error"):
         return HealthReport(Health.CRASHED, f"could not start: {exit_record['error']}", run_id, exit=exit_fields)
     if exit_record.get("exit_signal") is None and exit_record.get("exit_code") == 0:
         return HealthReport(Health.FINISHED, f"finished with exit code 0 at {exit_record.get('ended_at')}",
                             run_id, exit=exit_fields)
-    return HealthReport(Health.CRASHED, f"ended with {describe_end(exit_record)} at {exit_record.get('ended_at')}",
+    return HealthReport(Health.CRASHED, f"ended with {describe_exit(exit_record)} at {exit_record.get('ended_at')}",
                         run_id, exit=exit_fields)
 
 

@@ -99,3 +99,9 @@ def test_py_spy_is_bounded_and_never_fails() -> None:
     assert calls[0] == (["/usr/bin/py-spy", "dump", "--pid", "2"], 10.0) and calls[1][1] == 5.0 and len(calls) == 2
     assert "did not answer" in dumps[0]["error"] and dumps[1]["stacks"] == "Thread 1 (idle)\n"
     assert "budget" in dumps[2]["error"]
+
+
+def test_a_time_far_ahead_does_not_close_the_gate_for_ever_and_only_known_fields_are_kept() -> None:
+    # A clock that jumped a year ahead once, or a record that lies: such entries do not count.
+    assert RelaunchGuard(1, 100.0).allows([{"at": 10.0 + 366 * 86400}], 10.0) is True
+    assert history_entries({"relaunches": [{"at": 1.0, "run_id": "r", "junk": "x" * 1000}]}) == [{"at": 1.0, "run_id": "r"}]

@@ -134,3 +134,11 @@ def test_a_run_this_module_stopped_keeps_what_was_found(found, state) -> None:
 def test_the_log_tail_goes_with_failures_only() -> None:
     assert "log_tail" not in HealthReport(Health.RUNNING, "x").as_dict()
     assert HealthReport(Health.CRASHED, "x", log_tail=["boom"]).as_dict()["log_tail"] == ["boom"]
+
+
+@pytest.mark.parametrize("lie", [0, START - 1, START + 1000, -1e300])
+def test_a_progress_record_that_lies_about_the_time_is_not_believed(tmp_path, lie) -> None:
+    # Before the run, or still to come: believed, it would make a running job stalled at once.
+    log = last_progress(write(tmp_path / "log", "step 3 x\nwarning\n", START + 90), STEP)
+    record = dict(Progress("3", "step 3 x", START + 20, "log_mtime", log.line_end).record("r1"), first_seen=lie)
+    assert measure(log, "r1", START, record, START + 100).seen_at == START + 90
