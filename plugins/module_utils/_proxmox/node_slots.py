@@ -119,7 +119,12 @@ def take_slot(directory: str, api: str, node: str, slots: int, deadline: Deadlin
                     return index, fd
             return None
 
-        taken = deadline.poll_for(free_slot, SLOT_POLL_S)
+        # Looked at once before the poll, so that a free slot is taken with waited == 0.
+        taken = free_slot()
+        waited = 0.0
+        if taken is None:
+            taken = deadline.poll_for(free_slot, SLOT_POLL_S)
+            waited = deadline.elapsed()
     finally:
         os.close(dir_fd)
     if taken is None:
@@ -128,4 +133,4 @@ def take_slot(directory: str, api: str, node: str, slots: int, deadline: Deadlin
             f" {deadline.elapsed():.0f} s (slot_timeout); nothing was changed"
         )
     index, fd = taken
-    return NodeSlot(node, index, deadline.elapsed(), fd)
+    return NodeSlot(node, index, waited, fd)

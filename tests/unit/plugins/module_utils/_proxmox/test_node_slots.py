@@ -37,7 +37,7 @@ def test_one_slot_per_node_is_held_until_released(tmp_path):
         take_slot(str(tmp_path), API, "pve1", 1, now())
     first.release()
     again = take_slot(str(tmp_path), API, "pve1", 1, now())
-    assert (again.node, again.index) == ("pve1", 0)
+    assert (again.node, again.index, again.waited) == ("pve1", 0, 0.0)  # free at once: no wait, no second look
     again.release()
 
 
