@@ -433,8 +433,9 @@ def reclaim(
     if plan is None:
         plan = plan_reclaim(source, options, proc_root, spare_group=own_group())
     result = ReclaimResult(plan, check_mode)
+    control = control or ProcessControl(proc_root)
     if not check_mode and plan.targets:
-        _end_targets(result, options, control or ProcessControl(proc_root), proc_root, clock, sleep)
+        _end_targets(result, options, control, proc_root, clock, sleep)
     view = _SparedView(source, plan.policy_spared_pids)
     condition = ReleaseCondition(max_used_mib=options.max_used_mib, no_processes=True)
     # Check mode ends nothing, so waiting would only burn the timeout: one look says where it stands.
@@ -444,10 +445,10 @@ def reclaim(
                                           proc_root, clock, sleep, host_pids_visible=plan.host_pids_visible)
     except GpuQueryError as exc:
         # Signals may already have gone out: the caller must be able to say so.
-        _settle(result, ProcessControl(proc_root))
+        _settle(result, control)
         raise QueryFailedAfterSignals(exc, result) from exc
     result.after = view.last
-    _settle(result, ProcessControl(proc_root))
+    _settle(result, control)
     result.judgement.extend(result.release.judgement)
     for entry in result.plan.spared:
         if entry["reason"] == DENIED_REASON:
@@ -509,16 +510,16 @@ def _send(result: ReclaimResult, gate: SignalGate, holder: Holder, sig: signal.S
     return False
 
 
+def _runs(control: ProcessControl, now: Process | None) -> bool:
+    """Whether the process still has a live thread: a plain zombie has ended (its parent reaps it),
+    a zombie leader whose threads run on has not."""
+    return now is not None and (not now.is_zombie or any(t.state not in ("Z", "X") for t in control.threads(now.pid)))
+
+
 def _still_running(control: ProcessControl, holders: list[Holder]) -> list[Holder]:
-    """The holders whose process still has a live thread (a zombie has ended; its parent reaps it)."""
-    running = []
-    for holder in holders:
-        if holder.process is None:
-            continue
-        now = control.current(Identity.of(holder.process))
-        if now is not None and (not now.is_zombie or any(t.state not in ("Z", "X") for t in control.threads(now.pid))):
-            running.append(holder)
-    return running
+    """The holders whose process still runs."""
+    return [holder for holder in holders
+            if holder.process is not None and _runs(control, control.current(Identity.of(holder.process)))]
 
 
 def _settle(result: ReclaimResult, control: ProcessControl) -> None:
@@ -532,7 +533,7 @@ def _settle(result: ReclaimResult, control: ProcessControl) -> None:
         if sent is None or holder.process is None:
             continue
         now = control.current(Identity.of(holder.process))
-        if now is None or now.is_zombie:
+        if not _runs(control, now):
             result.ended.append(holder.entry(signal=sent["signal"], now="gone" if now is None else "zombie"))
         else:
             result.remaining.append(holder.entry(signal=sent["signal"], state=now.state))
