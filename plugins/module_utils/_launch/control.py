@@ -366,7 +366,7 @@ class LaunchController:
             progress = measure(last_progress(run.get("log_path"), options.progress_regex), str(run.get("run_id")),
                                epoch_of(run.get("started_at")), record, now)
             if not self.check_mode and progress.line is not None and progress.seen_at is not None and (
-                    progress.basis != "progress_record") and os.path.isdir(self.records.job_dir):
+                    progress.basis != "progress_record") and self.records.is_real_dir():
                 # Bookkeeping, not a change of the job: when this line was first seen, so that a later
                 # task can tell a stall even if the job goes on printing other lines.
                 self.records.write(PROGRESS_FILE, progress.record(str(run.get("run_id"))))

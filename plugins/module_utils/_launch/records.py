@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import uuid
 from dataclasses import dataclass
 
@@ -74,6 +75,13 @@ class JobRecords:
 
     def path(self, name: str) -> str:
         return os.path.join(self.job_dir, name)
+
+    def is_real_dir(self) -> bool:
+        """Whether the job's directory exists as a directory of its own (a symlink is never written through)."""
+        try:
+            return stat.S_ISDIR(os.lstat(self.job_dir).st_mode)
+        except OSError:
+            return False
 
     def ensure_dir(self) -> None:
         """Create the job's directory (and the state_dir above it, if missing) with mode 0700.

@@ -108,3 +108,12 @@ def test_records_are_never_read_through_a_symlink_or_from_a_fifo(tmp_path, recor
     assert records.read_run() is None and records.read_exit() is None  # returns at once: no FIFO wait
     assert any("run.json cannot be read safely" in p for p in records.problems)
     assert any("exit.json cannot be read safely" in p for p in records.problems)
+
+
+def test_is_real_dir_is_false_for_a_symlink_to_a_directory(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    assert JobRecords(str(real)).is_real_dir() is True
+    assert JobRecords(str(tmp_path / "link")).is_real_dir() is False
+    assert JobRecords(str(tmp_path / "missing")).is_real_dir() is False
