@@ -66,6 +66,7 @@ def _record_int(record: dict, key: str, source: str, required: bool = True) -> i
 # What new_run_id writes (uuid4 hex), with room for ids of other versions; no "/" and no "..".
 RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
+
 @dataclass(frozen=True)
 class JobIdentity:
     """What the record says about one supervised run: where to look, not what to signal."""

@@ -128,4 +128,3 @@ def test_a_relaunch_history_holding_nan_or_infinity_is_refused_and_reported(tmp_
     result = apply(tmp_path, state="health", command=None)
     assert any(f"holds {constant}" in problem for problem in result["record_problems"])
     assert result["relaunch_guard"]["recent"] == 0
-
