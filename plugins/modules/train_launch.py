@@ -37,8 +37,11 @@ description:
   - Membership is proven, never taken from the records. A process belongs to the run if its
     environment carries the run's mark (C(GPUOPS_RELAUNCH_RUN=STATE_DIR/NAME:RUN_ID), set at spawn
     and inherited by everything the job starts) and it did not start before the run, or if it
-    descends from the run's supervisor, itself proven by its own mark and start time. No process
-    group is ever signalled as a whole; each member goes through the collection's signal gate, which
+    descends from the run's supervisor, itself proven by its own mark and start time, whatever its
+    environment. The same proof says whether the run's main process runs (its recorded pid and start
+    time, and membership), so a job whose command ends in C(exec env -i ...) (or C(su -), C(sudo -i), a
+    container runtime) and so loses the mark is still the job - running, and left alone by a second
+    O(state=started). No process group is ever signalled as a whole; each member goes through the collection's signal gate, which
     never signals PID 1, the module and its ancestors, members of the module's own process group,
     kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).
     A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
@@ -60,7 +63,8 @@ description:
     V(crashed) (a non-zero exit code, a signal, or it could not start; with the log tail), V(missing)
     (no record of a run, or its main process is gone without an exit record, as after a reboot of the
     container), or V(stopped) (ended because this module stopped it while it was running and
-    progressing). A run this module stopped while it was stalled or crashed keeps that verdict.
+    progressing). A run this module stopped while it was stalled, crashed or missing keeps that
+    verdict (a failure stays one - the crash-loop guard counts it, and a relaunch resumes it).
   - O(state=health) only asks - it returns the verdict, the crash-loop guard's view and the log tail,
     and changes nothing of the job. Outside check mode it notes, as every task does, when it first
     saw the last progress line (C(progress.json) with the job's records), so that a later verdict is
@@ -76,7 +80,8 @@ description:
     O(state=started) (from the start, without O(resume_args)); C(playbooks/relaunch.yml) leaves it
     alone unless forced, deciding on RV(health) from a check-mode probe.
   - Evidence before anything is signalled - the first changing task (O(state=started), V(restarted) or
-    V(stopped), not in check mode) that finds the run V(stalled) or V(crashed) writes an incident record
+    V(stopped), not in check mode) that finds the run V(stalled) or V(crashed) - or V(missing) while some
+    of its tree is left to stop - writes an incident record
     C(STATE_DIR/NAME/incidents/incident-TIME-RUNID.json) (0600, atomically, never through a symlink)
     before it signals anything - the verdict, the last 200 log lines, every thread of every proven member
     of the run with its state and wchan, Python stacks from C(py-spy dump --pid) where py-spy is on the
@@ -588,12 +593,13 @@ health:
       description: Whether the run ended because this module stopped it.
       type: bool
     log_tail:
-      description: The last O(log_tail_lines) lines of the run's log (V(crashed) and V(stalled) only).
+      description: The last O(log_tail_lines) lines of the run's log (V(crashed), V(stalled) and V(missing) only).
       type: list
       elements: str
 incident:
   description:
-    - The incident record of the run found V(stalled) or V(crashed) - written by this task before anything
+    - The incident record of the run found V(stalled), V(crashed) or V(missing) (with some of its tree left
+      to stop) - written by this task before anything
       was signalled, or the one an earlier task wrote for this run. Null when there is none.
   returned: with state started, restarted or stopped, except in check mode and when the options were refused
   type: str

@@ -343,9 +343,11 @@ class LaunchController:
         if self.options.state == "health":
             return self._health_only(status, active)
         self.result["incident"] = None
-        if not self.check_mode and self.found.state in (Health.STALLED, Health.CRASHED) and self.found.has_run:
-            # Before anything is signalled: a hang is gone once the job is killed.
-            self._incident(status.run)
+        if not self.check_mode and self.found.state.failed and self.found.has_run:
+            # Before anything is signalled: a hang is gone once the job is killed. A missing run (its
+            # main process gone without an exit record) has evidence only while some of its tree is
+            # left to stop; with nothing left, its health and log say it all.
+            self._incident(status.run, write=self.found.state != Health.MISSING or active)
         if self.options.state == "stopped":
             return self._stopped(status.run, recorded, active)
         return self._started(status, recorded, active)
@@ -372,7 +374,7 @@ class LaunchController:
                 self.records.write(PROGRESS_FILE, progress.record(str(run.get("run_id"))))
         report = judge(run, exit_record, self.records.read(STOP_FILE), status.running, progress,
                        options.stall_after, now)
-        if report.state in (Health.CRASHED, Health.STALLED):
+        if report.state.failed:
             report.log_tail = tail(run.get("log_path") if run else None, options.log_tail_lines)
         return report
 
@@ -408,14 +410,14 @@ class LaunchController:
         result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
         return result
 
-    def _incident(self, run: dict) -> None:
-        """The incident record of the run found stalled or crashed: one per run, written before any signal."""
+    def _incident(self, run: dict, write: bool = True) -> None:
+        """The incident record of the failed run: one per run, written (if `write`) before any signal."""
         identity = self.records.identity(run)
         # A run id names the record's file: one that is not a run id (a record that lies) never does.
         run_id = identity.run_id if identity is not None else "unsound-run-record"
         job_dir = self.records.job_dir
         existing = existing_incident(job_dir, run_id)
-        if existing is not None:
+        if existing is not None or not write:
             self.result["incident"] = existing
             return
         members: list[int] = []

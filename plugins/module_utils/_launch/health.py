@@ -211,17 +211,23 @@ class HealthReport:
             "ended_at": self.exit.get("ended_at"),
             "stopped": self.stopped,
         }
-        if self.state in (Health.CRASHED, Health.STALLED):
+        if self.state.failed:
             result["log_tail"] = list(self.log_tail)
         return result
+
+
+# What a stop record may say the run was, and the verdict keeps after the stop ended it.
+_FAILURES_KEPT_BY_A_STOP = tuple(state.value for state in Health if state.failed)
 
 
 def _ended(run_id: str, exit_record: dict, stop_record: dict | None) -> HealthReport:
     exit_fields = {key: exit_record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
     if stop_record is not None and stop_record.get("run_id") == run_id:
         # Ended because train_launch stopped it: the verdict is what that task found before stopping.
+        # A failure stays one (the guard counts it, a relaunch resumes): a run stopped while missing
+        # - its main process gone without an exit record, some of its tree left - is still missing.
         found = stop_record.get("health")
-        state = Health(found) if found in (Health.STALLED.value, Health.CRASHED.value) else Health.STOPPED
+        state = Health(found) if found in _FAILURES_KEPT_BY_A_STOP else Health.STOPPED
         why = (f"stopped by train_launch at {stop_record.get('requested_at')} (it was {found}); "
                f"ended with {describe_exit(exit_record)}")
         return HealthReport(state, why, run_id, exit=exit_fields, stopped=True)
@@ -239,7 +245,7 @@ def judge(run: dict | None, exit_record: dict | None, stop_record: dict | None, 
     """The verdict from what the records and the process table say (pure: no I/O, `now` given).
 
     `exit_record` and `stop_record` count only for the run in `run`; `alive` is whether its main
-    process, proven by its mark, runs; `progress` is None when no progress_regex was given.
+    process, proven a member of the run (its mark, or descent from its supervisor), runs; `progress` is None when no progress_regex was given.
     """
     if run is None:
         return HealthReport(Health.MISSING, "no record of a run of this job")

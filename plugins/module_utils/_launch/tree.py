@@ -140,13 +140,33 @@ def proven_supervisor(table: ProcessTable, supervisor: Identity | None, job_dir:
 
 
 def leader_alive(identity: JobIdentity, proc_root: str = "/proc") -> bool:
-    """Whether the run's main process runs: its recorded pid and start time, and the run's mark."""
+    """Whether the run's main process runs: its recorded pid and start time, proven a member of the run.
+
+    The same proof as the stop path's (:func:`prove`): the run's mark, or descent from the run's
+    proven supervisor - a job whose command ends in ``exec env -i ...`` (``su -``, ``sudo -i``, a
+    container runtime) has lost the mark but is still the job. Only the leader's line of ancestors
+    is read, not the whole process table: this runs on every poll of the readiness wait.
+    """
     leader = identity.leader
-    if leader is None:
-        return False
+    return leader is not None and prove(_lineage(leader.pid, proc_root), identity).leader_running
+
+
+def _lineage(pid: int, proc_root: str) -> ProcessTable:
+    """`pid` and its ancestors, nearest first, as a table (empty if there is no such process).
+
+    A parent that started after its child is not its parent: the child was reparented and the
+    parent's pid reused between the two reads; the line ends there, proving nothing more.
+    """
     control = ProcessControl(proc_root)
-    process = control.current(leader)
-    return process is not None and not process.is_zombie and control.environ_value(leader, RUN_MARK) == identity.mark
+    processes: dict[int, Process] = {}
+    process = control.look(pid)
+    while process is not None and process.pid not in processes:
+        processes[process.pid] = process
+        parent = control.look(process.ppid) if process.ppid > 0 else None
+        if parent is None or parent.starttime > process.starttime:
+            break
+        process = parent
+    return ProcessTable(processes, proc_root)
 
 
 def _one_process(pid: int, proc_root: str) -> ProcessTable:
@@ -263,7 +283,16 @@ def _ignored(table: ProcessTable, identity: JobIdentity, members: set[int], supe
 def look(identity: JobIdentity, proc_root: str = "/proc",
          supervisor_idle: Callable[[], bool] = lambda: False) -> TreeView:
     """Scan the process table and prove the run's members (`supervisor_idle`: it said so)."""
-    table = ProcessTable.scan(proc_root)
+    return prove(ProcessTable.scan(proc_root), identity, supervisor_idle)
+
+
+def prove(table: ProcessTable, identity: JobIdentity,
+          supervisor_idle: Callable[[], bool] = lambda: False) -> TreeView:
+    """The run's members in `table`: the one proof of membership, for the stop path and for liveness.
+
+    A member carries the run's mark and did not start before the run, or descends from the run's
+    supervisor, proven by its own mark and its start time, whatever its environment.
+    """
     members = _marked_members(table, identity)
     supervisor_alive = proven_supervisor(table, identity.supervisor, identity.job_dir)
     if supervisor_alive:

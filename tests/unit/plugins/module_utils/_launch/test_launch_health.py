@@ -124,16 +124,21 @@ def test_missing() -> None:
 
 
 @pytest.mark.parametrize("found, state", [("running", Health.STOPPED), ("stalled", Health.STALLED),
-                                          ("crashed", Health.CRASHED), ("bogus", Health.STOPPED)])
+                                          ("crashed", Health.CRASHED), ("missing", Health.MISSING),
+                                          ("finished", Health.STOPPED), ("bogus", Health.STOPPED), (None, Health.STOPPED)])
 def test_a_run_this_module_stopped_keeps_what_was_found(found, state) -> None:
+    # A run stopped while missing (its main process gone without an exit record, part of its tree
+    # left) is still a failure once the stop has written its exit: the guard counts it, it resumes.
     stop = {"run_id": "r1", "health": found, "requested_at": "t"}
     report = judge(RUN, {"run_id": "r1", "exit_code": None, "exit_signal": "SIGTERM"}, stop, False, None, None, START)
     assert report.state is state and report.stopped is True
+    assert report.state.failed is (found in ("stalled", "crashed", "missing"))
 
 
-def test_the_log_tail_goes_with_failures_only() -> None:
-    assert "log_tail" not in HealthReport(Health.RUNNING, "x").as_dict()
-    assert HealthReport(Health.CRASHED, "x", log_tail=["boom"]).as_dict()["log_tail"] == ["boom"]
+@pytest.mark.parametrize("state", list(Health))
+def test_the_log_tail_goes_with_failures_only(state) -> None:
+    found = HealthReport(state, "x", log_tail=["boom"]).as_dict()
+    assert found.get("log_tail") == (["boom"] if state in (Health.CRASHED, Health.STALLED, Health.MISSING) else None)
 
 
 @pytest.mark.parametrize("lie", [0, START - 1, START + 1000, -1e300])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
     stop_tree,
     wake_idle_supervisor,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import REFUSED
 
 JOB_DIR = "/var/lib/gpuops-test/job"
@@ -176,6 +178,42 @@ def test_descendants_of_a_proven_supervisor_are_members_even_without_a_mark(prov
             assert wake_idle_supervisor(idle, JOB_DIR) == REFUSED
     finally:
         for pid in (child, supervisor.pid):
+            os.kill(pid, signal.SIGKILL)
+        supervisor.wait()
+
+
+# A supervisor whose job leader ends in `exec env -i ...`: the leader keeps its pid and start time
+# but no longer carries the run's mark (nor anything else).
+CLEARING_SUPERVISOR = """
+import subprocess, sys
+leader = subprocess.Popen(["/bin/sh", "-c", 'exec /usr/bin/env -i "$0" -c "import time; time.sleep(300)"',
+                           sys.executable], env=dict(MARKED))
+print(leader.pid, flush=True)
+leader.wait()
+"""
+
+
+@pytest.mark.parametrize("proven", [True, False])
+def test_a_leader_that_cleared_its_environment_is_alive_below_its_proven_supervisor(proven) -> None:
+    env = dict(os.environ, **({SUPERVISOR_MARK: JOB_DIR} if proven else {}))
+    source = CLEARING_SUPERVISOR.replace("MARKED", repr({RUN_MARK: run_mark(JOB_DIR, RUN_ID), "PATH": "/usr/bin:/bin"}))
+    supervisor = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True,
+                                  env=env, process_group=0)
+    leader = int(supervisor.stdout.readline())
+    try:
+        # The exec chain is done once the leader runs python without the mark.
+        deadline = Deadline(30)
+        assert deadline.poll(lambda: Path(f"/proc/{leader}/cmdline").read_bytes().startswith(sys.executable.encode())
+                             and b"GPUOPS" not in Path(f"/proc/{leader}/environ").read_bytes())
+        job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, pid=leader, starttime=process_starttime(leader),
+                          supervisor_pid=supervisor.pid, supervisor_starttime=process_starttime(supervisor.pid))
+        assert leader_alive(job) is proven and look(job).leader_running is proven
+        # The recorded start time is what ties the pid to the run: another one proves nothing.
+        assert not leader_alive(dataclasses.replace(job, starttime=job.starttime + 1))
+        # Nor does a supervisor record of another start time (a recycled supervisor pid).
+        assert not leader_alive(dataclasses.replace(job, supervisor_starttime=job.supervisor_starttime + 1))
+    finally:
+        for pid in (leader, supervisor.pid):
             os.kill(pid, signal.SIGKILL)
         supervisor.wait()
 

@@ -29,7 +29,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor
     SUPERVISOR_MARK,
     run_mark,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, stop_tree
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, leader_alive, stop_tree
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import ProcessControl
 from tests.harness.fakeproc import FakeProc
 
@@ -133,9 +133,8 @@ def write(fake: FakeProc, spec: Spec) -> None:
     (directory / "environ").write_bytes(b"".join(entry.encode() + b"\0" for entry in env))
 
 
-def proven_members(specs: dict[int, Spec], record: dict) -> set[tuple[int, int]]:
-    """The rule, restated: this run's mark and no earlier start, or descent from the proven supervisor;
-    never PID 1, this process's group, or what the default protected patterns name."""
+def members_by_rule(specs: dict[int, Spec], record: dict) -> set[int]:
+    """The rule, restated: this run's mark and no earlier start, or descent from the proven supervisor."""
     floor = record["starttime"] if isinstance(record.get("starttime"), int) else 0
     members = {pid for pid, spec in specs.items()
                if not spec.zombie and spec.mark == run_mark(JOB_DIR, RUN_ID) and spec.starttime >= floor}
@@ -149,8 +148,13 @@ def proven_members(specs: dict[int, Spec], record: dict) -> set[tuple[int, int]]
                 if spec.ppid == parent and spec.pid != parent:
                     members.add(spec.pid)
                     pending.append(spec.pid)
+    return members
+
+
+def proven_members(specs: dict[int, Spec], record: dict) -> set[tuple[int, int]]:
+    """The members by the rule, never PID 1, this process's group, or what the default protected patterns name."""
     return {
-        (pid, specs[pid].starttime) for pid in members
+        (pid, specs[pid].starttime) for pid in members_by_rule(specs, record)
         if pid != 1 and specs[pid].pgid != os.getpgrp() and specs[pid].comm not in ("sshd", "systemd")
         and not specs[pid].zombie
     }
@@ -175,3 +179,21 @@ def test_the_stop_path_signals_only_proven_members(example) -> None:
         assert 1 not in outcome.signalled
         for entry in outcome.ignored:
             assert (entry["pid"], by_pid[entry["pid"]].starttime) not in delivered
+
+
+@CI
+@given(forests())
+def test_the_leader_is_alive_exactly_when_it_is_a_proven_member(example) -> None:
+    """Liveness and the stop path share one proof: a leader that lost the mark (``exec env -i``) is
+    alive below its proven supervisor; a recorded pid with another start time, a zombie, or a process
+    neither marked nor below the proven supervisor is not the run's leader."""
+    specs, record, _recycle, _survives_term = example
+    by_pid = {spec.pid: spec for spec in specs}
+    leader = by_pid.get(record["pid"] or 0)
+    expected = (leader is not None and not leader.zombie and leader.starttime == record["starttime"]
+                and leader.pid in members_by_rule(by_pid, record))
+    with tempfile.TemporaryDirectory(prefix="gpuops-fakeproc-") as root:
+        fake = FakeProc(Path(root))
+        for spec in specs:
+            write(fake, spec)
+        assert leader_alive(JobIdentity.from_run(record, JOB_DIR), root) is expected, record

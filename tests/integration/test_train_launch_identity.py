@@ -1,0 +1,163 @@
+"""train_launch's job identity for real: a job that clears its environment is still the job, and a job
+that really went missing stays missing through its stop (the crash-loop guard counts it).
+
+Everything runs inside a PID namespace whose init never reaps, so every signal (the module's and
+this test's) stays inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.launch_targets import DEMO, PYTHON, Target, in_pid_namespace
+from tests.harness.pidns import process_starttime
+from tests.harness.procstates import wait_until
+
+pytestmark = pytest.mark.slow
+
+RESUME = ["--resume", "latest"]
+
+
+@pytest.fixture(name="ns")
+def ns_fixture(tmp_path):
+    with in_pid_namespace(tmp_path) as where:
+        yield where
+
+
+def job_dir(target: Target) -> Path:
+    return Path(target.state_dir) / "job"
+
+
+def ask(target: Target, state: str, check: bool = False, **options: Any) -> dict[str, Any]:
+    """One train_launch task (health and stopped take no command); its result."""
+    task = target.launch_task(task_name="t", state=state, resume_args=RESUME, max_relaunches=3, **options)
+    if state in ("health", "stopped"):
+        for key in ("command", "ready_regex", "min_uptime", "startup_timeout", "resume_args"):
+            task["gpuops.relaunch.train_launch"].pop(key, None)
+    result = target.play([task], check=check).result("t")
+    assert result.get("failed") is not True or state == "started", result
+    return result
+
+
+def environ_inside(target: Target, pid: int) -> bytes:
+    host = target.host_pid(pid)
+    assert host is not None, f"pid {pid} is not in the namespace"
+    return Path(f"/proc/{host}/environ").read_bytes()
+
+
+def kill_inside(target: Target, pid: int) -> None:
+    """SIGKILL the namespace's `pid` by its host pid, if that is still the process just looked up."""
+    host = target.host_pid(pid)
+    starttime = process_starttime(host) if host else None
+    if host and starttime is not None and process_starttime(host) == starttime:
+        os.kill(host, signal.SIGKILL)
+
+
+def demo_args(target: Target) -> list[str]:
+    return ["--tag", str(target.work), "--ready-after", "0.1", "--step-interval", "0.2"]
+
+
+# The wrapper a job runs: `env -i` as the command itself, or a shell script that ends in `exec env -i`
+# (as `su -`, `sudo -i` and container runtimes do, the job's environment is replaced).
+WRAPPERS = {
+    "env-i": lambda target: {"command": ["/usr/bin/env", "-i", PYTHON, DEMO, *demo_args(target)]},
+    "sh-exec-env-i": lambda target: {
+        "command": f"echo wrapper here; exec env -i {PYTHON} {DEMO} {shlex.join(demo_args(target))}", "shell": True},
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_a_job_that_clears_its_environment_is_still_the_job(ns: Target, wrapper: str) -> None:
+    spec = WRAPPERS[wrapper](ns)
+    first = ask(ns, "started", **spec)
+    assert first["changed"] is True and first["running"] is True, first
+    assert b"GPUOPS_RELAUNCH_RUN" not in environ_inside(ns, first["pid"])  # the mark is really gone
+    # Descent from the proven supervisor proves it: the same spec running is left alone.
+    second = ask(ns, "started", **spec)
+    assert second["changed"] is False and second["operation"] == "none", second
+    assert second["pid"] == first["pid"] and second["run_id"] == first["run_id"]
+    assert second["health"]["state"] == "running"
+    health = ask(ns, "health")
+    assert health["health"]["state"] == "running" and health["running"] is True
+    assert health["relaunch_guard"]["needed"] is False
+    # A stop of a healthy job is no failure: nothing to count, nothing to resume.
+    stopped = ask(ns, "stopped")
+    assert stopped["changed"] is True and first["pid"] in stopped["stop"]["signalled"]
+    assert stopped["incident"] is None and stopped["health"]["state"] == "running"
+    after = ask(ns, "health")
+    assert after["health"]["state"] == "stopped" and after["relaunch_guard"]["needed"] is False
+    assert not (job_dir(ns) / "relaunches.json").exists()
+
+
+def test_a_run_whose_record_points_at_a_gone_process_stays_missing_through_its_stop(ns: Target) -> None:
+    """The supervisor's record names a leader that is gone (a record restored from another run): the
+    run is missing though its supervisor and its real job live; the stop ends them and the supervisor
+    records the exit, and the run is still missing - counted by the guard and resumed."""
+    command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2")
+    first = ask(ns, "started", command=command)
+    assert first["running"] is True
+    gone = ns.namespace.run_inside([PYTHON, "-c", "import os; print(os.getpid())"])
+    gone_pid = int(gone.stdout)
+    run_file = job_dir(ns) / "run.json"
+    run = json.loads(run_file.read_text())
+    run_file.write_text(json.dumps(dict(run, pid=gone_pid, pgid=gone_pid)))
+
+    missing = ask(ns, "health")
+    assert missing["health"]["state"] == "missing" and missing["relaunch_guard"]["needed"] is True
+    assert "the recorded process" in missing["health"]["reason"]
+
+    stopped = ask(ns, "stopped")
+    assert stopped["changed"] is True and first["pid"] in stopped["stop"]["signalled"]
+    assert stopped["health"]["state"] == "missing" and stopped["ended_at"]  # the supervisor recorded the end
+    # Evidence before the stop signalled anything: the job's processes as they were.
+    incident = json.loads(Path(stopped["incident"]).read_text())
+    assert incident["health"]["state"] == "missing" and incident["run_id"] == first["run_id"]
+    assert first["pid"] in [entry["pid"] for entry in incident["processes"]]
+
+    # The supervisor has recorded the exit now: the run is still missing, not stopped.
+    after = ask(ns, "health")
+    assert after["health"]["state"] == "missing" and after["health"]["stopped"] is True
+    assert after["health"]["ended_at"] == stopped["ended_at"] and after["relaunch_guard"]["needed"] is True
+    assert after["health"]["log_tail"]  # a failure's log tail goes with it
+
+    again = ask(ns, "started", command=command)
+    assert again["changed"] is True and again["running"] is True and again["resumed"] is True
+    assert again["health"]["state"] == "missing" and again["incident"] == stopped["incident"]
+    assert "resuming from latest" in Path(ns.log()).read_text()
+    history = json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]
+    assert [(entry["health"], entry["run_id"]) for entry in history] == [("missing", first["run_id"])]
+
+
+def test_a_job_killed_behind_its_supervisors_back_is_missing_with_evidence(ns: Target, tmp_path: Path) -> None:
+    """The supervisor, then the job's leader, killed from outside (no exit record): the job's workers
+    run on. The stop ends them after writing the incident record; the relaunch counts and resumes."""
+    pids = tmp_path / "workers.pids"
+    command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--workers", "2",
+                      "--worker-seconds", "300", "--pid-file", str(pids))
+    first = ask(ns, "started", command=command)
+    workers = [int(pid) for pid in wait_until(lambda: len(pids.read_text().split()) == 2 and pids.read_text().split(),
+                                              what="worker pids")]
+    for pid in (first["supervisor_pid"], first["pid"]):  # the supervisor first: nothing records the end
+        kill_inside(ns, pid)
+    wait_until(lambda: all(ns.processes().get(pid) is None or ns.processes()[pid].zombie
+                           for pid in (first["supervisor_pid"], first["pid"])), what="the leader and supervisor gone")
+
+    stopped = ask(ns, "stopped")
+    assert stopped["changed"] is True and stopped["health"]["state"] == "missing"
+    assert set(workers) <= set(stopped["stop"]["signalled"])
+    incident = json.loads(Path(stopped["incident"]).read_text())
+    assert set(workers) <= {entry["pid"] for entry in incident["processes"]}
+    assert all(ns.processes().get(pid) is None or ns.processes()[pid].zombie for pid in workers)
+
+    again = ask(ns, "started", command=command)
+    assert again["running"] is True and again["resumed"] is True and again["health"]["state"] == "missing"
+    assert again["incident"] == stopped["incident"]
+    history = json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]
+    assert [entry["health"] for entry in history] == ["missing"]
