@@ -22,11 +22,19 @@ description:
     (its parent must reap it), a pid the driver lists that no longer exists, a pid newer than the
     module's look at the process table (a re-run ends it), and every listed pid where the driver's
     pids are not this PID namespace's (see O(driver_pids))."
+  - "Only proven holders are signalled: the driver's list of pids is a hint, not a proof. It goes
+    stale (DataLoader workers keep the CUDA device files open after the listed main process has
+    died) and its pids get reused by unrelated processes. A listed process is signalled only if it
+    holds an open file matching O(gpu_device_glob) at the moment of the signal (a C(Zl) leader by
+    its live threads' files in C(/proc/PID/task/TID/fd)); one that holds none is returned in
+    RV(not_holding) (and in RV(spared) with reason V(not_holding)) and never signalled."
   - "Identity: the process table is read before the driver is asked, so a listed pid is identified
     by the (pid, start time) it had in that table. Each signal goes through the collection's one
     signal gate: the process is pinned with a pidfd (C(pidfd_open), Linux 5.3+) and only then its
     start time is checked, so a pid reused by another process at any moment is never signalled
-    (RV(spared) reason V(recycled)). There is no signal to a process group and no pattern kill."
+    (RV(spared) reason V(recycled)). The device-file check runs in the gate too, on the pinned
+    process, so a reused pid is judged as the process the signal would reach. There is no signal to
+    a process group and no pattern kill."
   - "Ladder: SIGTERM to every target, a wait of up to O(term_timeout) for them to end, SIGKILL to the
     ones still running (unless O(kill=false)), then a wait of up to O(release_timeout) until no
     target is listed on the chosen GPUs any more and used memory, less what the spared holders
@@ -130,6 +138,19 @@ options:
     type: str
     choices: [host, own_namespace]
     default: host
+  gpu_device_glob:
+    description:
+      - Shell glob over the targets of open file descriptors (C(/proc/PID/fd/*), and
+        C(/proc/PID/task/TID/fd/*) for a C(Zl) leader) that proves a listed process holds a GPU, as in
+        M(gpuops.relaunch.zombie_facts). A listed process with no such file open is not signalled
+        (RV(not_holding)).
+      - An absolute path glob that names the device files. Refused when its file name begins with a
+        wildcard or it matches a file nearly every process holds (C(/dev/null), a terminal), because
+        such a glob would prove any process a holder.
+      - When nothing on the machine matches the glob, no process holds a device and nothing is
+        signalled.
+    type: str
+    default: /dev/nvidia*
   gpus_required:
     description:
       - Whether a host without a usable NVIDIA GPU (no bindings nor C(nvidia-smi), no NVML library,
@@ -227,12 +248,24 @@ spared:
       V(pid1) and V(ansible). The others must still let go of the GPU for the release, they are
       V(zombie) (no signal ends it), V(gone) (listed, but no such process), V(recycled) (its pid now
       belongs to another process, which was not signalled), V(appeared) (newer than the look),
-      V(invisible) (a host pid seen from another PID namespace, see O(driver_pids)) and V(denied).
+      V(invisible) (a host pid seen from another PID namespace, see O(driver_pids)), V(denied) and
+      V(not_holding) (listed, but holds no file matching O(gpu_device_glob), see RV(not_holding)).
   returned: success
   type: list
   elements: dict
   sample: [{pid: 3001, starttime: 120, comm: dcgm-exporter, cmdline: /usr/bin/dcgm-exporter, gpus: [0, 1], used_mib: 80.0,
             reason: allow_listed, detail: "matches allow pattern '/usr/bin/dcgm-exporter\\\\b'"}]
+not_holding:
+  description:
+    - Listed holders that held no open file matching O(gpu_device_glob), in the look or when they were
+      to be signalled, so were never signalled (the same entries are in RV(spared) with reason
+      V(not_holding)). The driver's listing of them is stale, or their pid now names another process;
+      while the driver still lists them the GPUs are not released.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{pid: 4377, starttime: 1023311, comm: bash, cmdline: bash, gpus: [0], used_mib: 40960.0, reason: not_holding,
+            detail: "holds no open file matching gpu_device_glob '/dev/nvidia*' in the look: ..."}]
 remaining:
   description: Targets that were signalled and still run (O(kill=false), or stuck), with their C(state).
   returned: success
@@ -240,7 +273,9 @@ remaining:
   elements: dict
   sample: []
 signals:
-  description: Every signal tried, with C(result) V(sent), V(gone), V(recycled), V(denied) or V(refused), and C(elapsed) seconds.
+  description:
+    - Every signal tried, with C(result) V(sent), V(gone), V(recycled), V(denied), V(refused) or V(not_holding)
+      (the target held no GPU device file any more when it was pinned), and C(elapsed) seconds.
   returned: success
   type: list
   elements: dict
@@ -279,7 +314,8 @@ findings:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
     - C(kind) is a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running),
       V(zombie), V(zombie_leader), V(uninterruptible), V(invisible), V(unlisted_memory),
-      V(gpu_condition)) or V(permission_denied).
+      V(gpu_condition)), V(permission_denied) or V(not_holding) (a listed pid, not signalled, that
+      holds no device file, so what holds the memory is not listed).
   returned: success
   type: list
   elements: dict
@@ -319,6 +355,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, open_gpu_source
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
+    DEFAULT_GPU_DEVICE_GLOB,
     DRIVER_PIDS,
     QueryFailedAfterSignals,
     options_from_params,
@@ -340,6 +377,7 @@ def main() -> None:
             "max_used_mib": {"type": "float"},
             "query_timeout": {"type": "float", "default": 30},
             "driver_pids": {"type": "str", "default": "host", "choices": list(DRIVER_PIDS)},
+            "gpu_device_glob": {"type": "str", "default": DEFAULT_GPU_DEVICE_GLOB},
             "gpus_required": {"type": "bool", "default": True},
             "backend": {"type": "str", "default": "auto", "choices": ["auto", "pynvml", "nvidia-smi"]},
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
@@ -361,6 +399,7 @@ def main() -> None:
         module.fail_json(msg=f"GPU query failed while waiting for the release: {exc.error}", error_kind=exc.error.kind,
                          released=False, changed=partial["changed"], ended=partial["ended"], signals=partial["signals"],
                          targets=partial["targets"], spared=partial["spared"], remaining=partial["remaining"],
+                         not_holding=partial["not_holding"],
                          backend=source.backend if source is not None else "none", gpu_present=True,
                          elapsed=round(time.monotonic() - began, 3))
     except GpuQueryError as exc:

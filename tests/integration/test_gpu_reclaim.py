@@ -7,6 +7,10 @@ the "host" of this test (so the module runs with ``driver_pids: own_namespace``)
 ansible-playbook with a local connection inside the namespace, and reports what each run returned
 and which holders are still alive. If anything ever gave way, what it could end is only what the
 scene started; the namespace dies with the test.
+
+"Holds a GPU" is real too: a file in the scene's directory stands for /dev/nvidia0, the holders
+that use the GPU keep it open, and every run names it with ``gpu_device_glob``
+(``reclaim_gpu_device_glob``); a listed process without it open is never signalled.
 """
 
 from __future__ import annotations
@@ -35,18 +39,41 @@ SCENE_PRELUDE = textwrap.dedent(r"""
     from tests.harness.procstates import ORPHAN, PYTHON, ZOMBIE_LEADER
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 
+    # The file that stands for /dev/nvidia0, and the glob every run is given.
+    GPU_FILE = work / "dev" / "nvidia0"
+    GPU_FILE.parent.mkdir()
+    GPU_FILE.write_bytes(b"")
+    GPU_GLOB = str(GPU_FILE.parent / "nvidia*")
+
     # A holder: a sleeper whose command line carries its tag; "stubborn" ignores SIGTERM, and says
-    # it is ready only once it does.
+    # it is ready only once it does. Given a device file, it keeps it open (as a CUDA process keeps
+    # /dev/nvidia*) until SIGUSR1 makes it let go ("closed").
     HOLD = ("import signal, sys, time\n"
             "if sys.argv[1] == 'stubborn':\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "held = open(sys.argv[3], 'rb') if sys.argv[3] else None\n"
+            "def let_go(*_):\n    held.close()\n    print('closed', flush=True)\n"
+            "signal.signal(signal.SIGUSR1, let_go)\n"
             "print('ready', flush=True)\n"
             "while True:\n    time.sleep(3600)\n")
 
-    def start_holder(kind, tag):
-        proc = subprocess.Popen([PYTHON, "-c", HOLD, kind, tag], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                text=True, start_new_session=True)
+    def start_holder(kind, tag, device_file=GPU_FILE):
+        proc = subprocess.Popen([PYTHON, "-c", HOLD, kind, tag, str(device_file or "")], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert proc.stdout.readline().strip() == "ready"
         return proc
+
+    # A new process on `pid` (just freed) in this fresh namespace, where nobody else forks:
+    # ns_last_pid hands it exactly that pid. Start times count clock ticks: one passes first, so
+    # the newcomer cannot share the start time `after` of the process it replaces.
+    def take_pid(pid, after, kind="plain", tag="/w/ci/train.py", device_file=None):
+        probe = [PYTHON, "-c", "print(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])"]
+        while int(subprocess.run(probe, capture_output=True, text=True).stdout) <= max(starttime(1), after):
+            pass
+        with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
+            handle.write(str(pid - 1))
+        newcomer = start_holder(kind, tag, device_file)
+        assert newcomer.pid == pid, (newcomer.pid, pid)
+        return newcomer
 
     def state(pid):
         try:
@@ -73,7 +100,8 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
              "elsewhere": ("plain", "ci/job/other.py", 2, 1024)}
     holders = {}
     for name, (kind, tag, device, mib) in kinds.items():
-        proc = start_holder(kind, f"{work}/{tag}")
+        # "elsewhere" is listed on GPU 2 but has no device file open: a stale listing.
+        proc = start_holder(kind, f"{work}/{tag}", None if name == "elsewhere" else GPU_FILE)
         holders[name] = {"pid": proc.pid, "starttime": starttime(proc.pid), "proc": proc}
         gpu.register(proc.pid, mib, device)
     gpu.register(1, 16, 0)  # this scene, PID 1 of the namespace, holds memory too
@@ -116,14 +144,16 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
 
     common = {"reclaim_allow": [r"/agent/dcgm-exporter\b"], "reclaim_protected": [r"gpuops-guarded"],
               "reclaim_term_timeout": 1.5, "reclaim_release_timeout": 30, "reclaim_poll_interval": 0.1,
-              "reclaim_driver_pids": "own_namespace", "ansible_python_interpreter": PYTHON}
+              "reclaim_driver_pids": "own_namespace", "reclaim_gpu_device_glob": GPU_GLOB,
+              "ansible_python_interpreter": PYTHON}
     bad = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"name": name, "gpuops.relaunch.gpu_reclaim": dict({"devices": [0, 1], "driver_pids": "own_namespace"}, **args),
+        {"name": name, "gpuops.relaunch.gpu_reclaim": dict({"devices": [0, 1], "driver_pids": "own_namespace",
+                                                            "gpu_device_glob": GPU_GLOB}, **args),
          "ignore_errors": True}
         for name, args in [("empty devices", {"devices": []}), ("bad regex", {"allow": ["ok", "train("]}),
                            ("NaN timeout", {"term_timeout": "nan"}), ("everything wrong", {"devices": [], "protected": ["[x"],
                             "release_timeout": "inf", "poll_interval": 0}),
-                           ("unknown GPU", {"devices": ["7"]})]]}]
+                           ("unknown GPU", {"devices": ["7"]}), ("glob of any file", {"gpu_device_glob": "/dev/*"})]]}]
     no_driver = {"GPUOPS_SIMNVML_STATE": str(work / "no-such-driver.json")}
     bad[0]["tasks"] += [
         {"name": "no GPU, optional", "gpuops.relaunch.gpu_reclaim": {"devices": ["all"], "gpus_required": False},
@@ -138,6 +168,7 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
     report["check"] = play("check", dict(common, reclaim_devices=[0, 1]), check=True)
     report["real"] = play("real", dict(common, reclaim_devices=[0, 1]))
     report["again"] = play("again", dict(common, reclaim_devices=[0, 1]))
+    report["stale"] = play("stale", dict(common, reclaim_devices=[2], reclaim_release_timeout=0.3))
     print(json.dumps(report))
 """)
 
@@ -147,6 +178,9 @@ RECYCLE_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
     gpu = SimGpu(work / "sim", teardown_delay=0.2)
     gpu.directory.mkdir()
     gpu.add_device()
+    # GPUs 1 and 2: where listings that are never released stay (on GPU 0 they would hold up every release).
+    gpu.add_device()
+    gpu.add_device()
     sys.path.insert(0, str(SIMNVML_DIR))
     os.environ[STATE_ENV] = str(gpu.state_path)
     from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import NvmlSession
@@ -155,38 +189,75 @@ RECYCLE_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
 
     params = {"devices": ["0"], "allow": [], "protected": [], "term_timeout": 1, "kill": True, "release_timeout": 10,
               "poll_interval": 0.05, "max_used_mib": None, "query_timeout": 10, "driver_pids": "own_namespace",
-              "gpus_required": True, "backend": "pynvml", "nvidia_smi": "nvidia-smi"}
+              "gpus_required": True, "backend": "pynvml", "nvidia_smi": "nvidia-smi", "gpu_device_glob": GPU_GLOB}
     options = options_from_params(params)
+    stale_options = options_from_params(dict(params, devices=["1"], release_timeout=0.3))
     source = NvmlSession(10)
     report = {}
+    keys = ("signals", "spared", "not_holding", "ended", "released", "changed", "escalation", "findings")
 
+    # Recycled between the look and the signal: the start time tells them apart.
     target = start_holder("plain", "/w/ci/train.py")
     gpu.register(target.pid, 4096)
     plan = plan_reclaim(source, options)
     report["planned"] = [h.pid for h in plan.targets]
     target.kill()
     target.wait()
-    # Start times count clock ticks: let one pass so the newcomer cannot share the target's.
-    first = starttime(1)
-    probe = [PYTHON, "-c", "print(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])"]
-    while int(subprocess.run(probe, capture_output=True, text=True).stdout) <= max(first, plan.targets[0].process.starttime):
-        pass
-    with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
-        handle.write(str(target.pid - 1))
-    newcomer = start_holder("plain", "/w/ci/train.py")  # the very same command line, the very same pid
+    # The very same command line, the very same pid (and a device file open: it must not matter).
+    newcomer = take_pid(target.pid, plan.targets[0].process.starttime, device_file=GPU_FILE)
     report["target"], report["newcomer"] = target.pid, newcomer.pid
     result = reclaim(source, options, plan=plan).as_dict()
-    report["recycled"] = {key: result[key] for key in ("signals", "spared", "ended", "released", "changed", "escalation")}
+    report["recycled"] = {key: result[key] for key in keys}
     report["newcomer_alive"] = newcomer.poll() is None
+    newcomer.kill()
+    newcomer.wait()
 
-    # A Zl leader (main thread gone, a thread runs on and holds the GPU) is a target: its command
-    # line is read from the live thread, and a signal to it ends the thread group.
-    leader_maker = subprocess.Popen([PYTHON, "-c", ZOMBIE_LEADER, "", "/w/ci/zl-train.py"], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
+    # Recycled before the look: the driver still lists the pid of a holder that died (its teardown
+    # is slow), and an unrelated process that holds no device file has taken it. The look reads
+    # the newcomer's own start time, so only the device-file check tells it from the holder.
+    holder = start_holder("plain", "/w/ci/train.py")
+    gpu.register(holder.pid, 4096, device=1, teardown_delay=3600)
+    holder_start = starttime(holder.pid)
+    holder.kill()
+    holder.wait()
+    stranger = take_pid(holder.pid, holder_start, tag="/w/ci/train.py")
+    result = reclaim(source, stale_options).as_dict()
+    report["stranger"] = {"pid": stranger.pid, "alive": stranger.poll() is None, **{key: result[key] for key in keys}}
+    stranger.kill()
+    stranger.wait()
+
+    # Listed, alive, the registered process itself, but with no device file open (it never had one):
+    # reported not_holding and left alone.
+    idle = start_holder("plain", "/w/ci/idle.py", device_file=None)
+    gpu.register(idle.pid, 1024, device=2)
+    result = reclaim(source, options_from_params(dict(params, devices=["2"], release_timeout=0.3))).as_dict()
+    report["idle"] = {"pid": idle.pid, "alive": idle.poll() is None, **{key: result[key] for key in keys}}
+    idle.kill()
+    idle.wait()
+
+    # The look saw the device file; the holder let go of it before the signal: the gate's own check,
+    # on the pinned process, spares it.
+    quitter = start_holder("plain", "/w/ci/quitter.py")
+    gpu.register(quitter.pid, 2048)
+    plan = plan_reclaim(source, options_from_params(dict(params, release_timeout=0.3)))
+    report["quitter_planned"] = [h.pid for h in plan.targets]
+    quitter.send_signal(signal.SIGUSR1)  # started here, recorded pid, alive: it cannot be anyone else
+    assert quitter.stdout.readline().strip() == "closed"
+    result = reclaim(source, options_from_params(dict(params, release_timeout=0.3)), plan=plan).as_dict()
+    report["quitter"] = {"pid": quitter.pid, "alive": quitter.poll() is None, **{key: result[key] for key in keys}}
+    quitter.kill()
+    quitter.wait()
+
+    # A Zl leader (main thread gone, a thread runs on and holds the GPU and its device file) is a
+    # target: its command line is read from the live thread, its device file from the live thread's
+    # fd/ (the leader's own is empty), and a signal to it ends the thread group.
+    leader_maker = subprocess.Popen([PYTHON, "-c", ZOMBIE_LEADER, str(GPU_FILE), "/w/ci/zl-train.py"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True)
     leader = int(dict(item.split("=") for item in leader_maker.stdout.readline().split())["zombie"])
     gpu.register(leader, 1024)
+    report["leader_fd_dir"] = os.listdir(f"/proc/{leader}/fd")
     zl = reclaim(source, options).as_dict()
-    report["zombie_leader"] = {"pid": leader, **{key: zl[key] for key in ("targets", "ended", "released", "spared")}}
+    report["zombie_leader"] = {"pid": leader, **{key: zl[key] for key in ("targets", "ended", "released", "spared", "signals")}}
     leader_maker.kill()
     leader_maker.wait()
 
@@ -202,9 +273,8 @@ RECYCLE_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
     report["stuck"] = {key: stuck[key] for key in ("spared", "signals", "released", "escalation", "findings", "holders")}
     os.waitpid(orphan, 0)
     source.close()
-    for proc in (newcomer, maker):
-        proc.kill()
-        proc.wait()
+    maker.kill()
+    maker.wait()
     print(json.dumps(report))
 """)
 
@@ -270,6 +340,21 @@ def test_a_second_run_once_released_changes_nothing(playbook_scene):
     assert result["msg"].startswith("nothing to end on GPU(s) 0, 1")
 
 
+def test_the_playbook_passes_the_device_glob_and_a_stale_listing_is_not_signalled(playbook_scene):
+    # GPU 2 lists "elsewhere", which has no device file open: the playbook's reclaim_gpu_device_glob
+    # reaches the module (with the default /dev/nvidia* nothing here would be a holder either, but
+    # then the runs on GPUs 0 and 1 above would have ended nothing).
+    run, pids = playbook_scene["stale"], playbook_scene["pids"]
+    result = run["tasks"][TASK]
+    assert run["rc"] != 0 and result["released"] is False, result["msg"]
+    assert result["signals"] == [] and result["ended"] == [] and result["changed"] is False
+    assert [(e["pid"], e["reason"]) for e in result["not_holding"]] == [(pids["elsewhere"], "not_holding")]
+    assert any(f["kind"] == "not_holding" and f["pids"] == [pids["elsewhere"]] for f in result["findings"])
+    assert run["alive"]["elsewhere"] is True
+    summary = run["custom_stats"]["reclaim_summary"]["localhost"]
+    assert [e["pid"] for e in summary["not_holding"]] == [pids["elsewhere"]]
+
+
 def test_check_mode_reports_what_it_would_end_and_ends_nothing(playbook_scene):
     run, pids = playbook_scene["check"], playbook_scene["pids"]
     assert run["rc"] == 0, run["stderr"]
@@ -292,6 +377,7 @@ def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
         "NaN timeout": ["term_timeout"],
         "everything wrong": ["devices", "protected", "release_timeout", "poll_interval"],
         "unknown GPU": ["devices"],
+        "glob of any file": ["gpu_device_glob"],
     }
     for name, options in expected.items():
         result = tasks[name]
@@ -302,6 +388,7 @@ def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
     assert "term_timeout: must be a finite number of seconds, got nan" in tasks["NaN timeout"]["msg"]
     assert "an empty list never means all" in tasks["empty devices"]["msg"]
     assert "devices: no GPU 7 on this host" in tasks["unknown GPU"]["msg"]
+    assert "gpu_device_glob: must name the GPU device files" in tasks["glob of any file"]["msg"]
     assert all(run["alive"].values()), run["alive"]
     optional, required = tasks["no GPU, optional"], tasks["no GPU, required"]
     assert not optional.get("failed") and optional["gpu_present"] is False and optional["changed"] is False, optional
@@ -312,8 +399,13 @@ def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
     assert "reclaim_devices must list the GPUs" in refused["tasks"]["Refuse a run that does not name the GPUs"]["msg"]
 
 
-def test_a_recycled_pid_is_not_signalled_a_zombie_leader_is_ended_and_a_stuck_zombie_needs_a_container_restart(tmp_path):
-    report = run_scene(RECYCLE_SCENE, tmp_path)
+@pytest.fixture(scope="module")
+def recycle_scene(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_scene(RECYCLE_SCENE, tmp_path_factory.mktemp("recycle"))
+
+
+def test_a_pid_recycled_between_the_look_and_the_signal_is_not_signalled(recycle_scene):
+    report = recycle_scene
     assert report["planned"] == [report["target"]] and report["newcomer"] == report["target"]
     recycled = report["recycled"]
     assert [(s["signal"], s["result"]) for s in recycled["signals"]] == [("SIGTERM", "recycled")]
@@ -322,12 +414,48 @@ def test_a_recycled_pid_is_not_signalled_a_zombie_leader_is_ended_and_a_stuck_zo
     assert report["newcomer_alive"] is True
     assert recycled["released"] is True  # the planned holder is gone; the newcomer holds nothing
 
-    zl = report["zombie_leader"]
-    assert [t["pid"] for t in zl["targets"]] == [zl["pid"]] and "zl-train.py" in zl["targets"][0]["cmdline"]
-    assert [(e["pid"], e["signal"], e["now"]) for e in zl["ended"]] == [(zl["pid"], "SIGTERM", "zombie")]
-    assert zl["released"] is True
 
-    stuck = report["stuck"]
+def test_a_listed_pid_taken_by_an_unrelated_process_without_a_device_file_is_not_signalled(recycle_scene):
+    stranger = recycle_scene["stranger"]
+    assert stranger["alive"] is True
+    assert stranger["signals"] == [] and stranger["ended"] == [] and stranger["changed"] is False
+    assert [(e["pid"], e["reason"]) for e in stranger["not_holding"]] == [(stranger["pid"], "not_holding")]
+    assert [(e["pid"], e["reason"]) for e in stranger["spared"]] == [(stranger["pid"], "not_holding")]
+    # The driver still lists the dead holder's pid: not released, and the finding says why nothing was signalled.
+    assert stranger["released"] is False
+    assert any(f["kind"] == "not_holding" and f["pids"] == [stranger["pid"]] for f in stranger["findings"])
+
+
+def test_a_listed_process_that_holds_no_device_file_is_reported_not_holding_and_survives(recycle_scene):
+    idle = recycle_scene["idle"]
+    assert idle["alive"] is True
+    assert idle["signals"] == [] and idle["ended"] == [] and idle["changed"] is False
+    (entry,) = idle["not_holding"]
+    assert entry["pid"] == idle["pid"] and "idle.py" in entry["cmdline"] and "gpu_device_glob" in entry["detail"]
+    assert idle["released"] is False and idle["escalation"] == "signals"
+
+
+def test_the_gate_checks_the_device_file_again_on_the_pinned_process(recycle_scene):
+    quitter = recycle_scene["quitter"]
+    assert recycle_scene["quitter_planned"] == [quitter["pid"]]  # the look saw its device file
+    assert quitter["alive"] is True
+    assert [(s["signal"], s["result"]) for s in quitter["signals"]] == [("SIGTERM", "not_holding")]
+    assert [(e["pid"], e["reason"]) for e in quitter["not_holding"]] == [(quitter["pid"], "not_holding")]
+    assert "when it was to be signalled" in quitter["not_holding"][0]["detail"]
+    assert quitter["ended"] == [] and quitter["changed"] is False
+
+
+def test_a_zombie_leader_whose_live_thread_holds_the_device_file_is_signalled(recycle_scene):
+    zl = recycle_scene["zombie_leader"]
+    assert recycle_scene["leader_fd_dir"] == []  # the leader's own fd/ is empty: the file is on the live thread
+    assert [t["pid"] for t in zl["targets"]] == [zl["pid"]] and "zl-train.py" in zl["targets"][0]["cmdline"]
+    assert [(s["signal"], s["result"]) for s in zl["signals"]] == [("SIGTERM", "sent")]
+    assert [(e["pid"], e["signal"], e["now"]) for e in zl["ended"]] == [(zl["pid"], "SIGTERM", "zombie")]
+    assert zl["released"] is True and zl["pid"] not in [e["pid"] for e in zl["spared"]]
+
+
+def test_a_zombie_holder_under_a_non_reaping_init_needs_a_container_restart(recycle_scene):
+    stuck = recycle_scene["stuck"]
     assert stuck["released"] is False and stuck["signals"] == []
     assert [e["reason"] for e in stuck["spared"]] == ["zombie"]
     assert stuck["escalation"] == "container_reboot"

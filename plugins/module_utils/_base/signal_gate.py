@@ -14,6 +14,9 @@ Before that, :class:`SignalGate` refuses what must never be signalled whatever a
 says: PID 1 of the namespace, the process running the module and its ancestors, kernel threads,
 processes matching a protected pattern and, where the caller asks, the members of the module's
 own process group. No module signals a process group: a group is signalled member by member.
+A caller may also give the gate a *proof* (:data:`Proof`), something the process must show now
+(gpu_reclaim: that it holds a GPU device file); it is read once the process is pinned, and the
+start time is checked again after it, so what was read belongs to the process the signal reaches.
 
 The only signals that do not pass here: gpu_mem_wait's query child and nvidia-smi (nvml_query),
 the module's own unreaped children, whose pid the kernel cannot hand to anyone else until it reaps
@@ -71,6 +74,11 @@ GONE = "gone"
 RECYCLED = "recycled"
 REFUSED = "refused"
 DENIED = "denied"
+UNPROVEN = "unproven"
+
+# What a process must show, as read now, to be signalled: called with the pid's process once it is
+# pinned and its start time checked, True to let the signal go.
+Proof = Callable[[Process], bool]
 
 
 class ProcessControl:
@@ -109,20 +117,23 @@ class ProcessControl:
 
     # --- signalling --------------------------------------------------------------------------
 
-    def send(self, target: Identity, sig: signal.Signals) -> str:
-        """Signal exactly `target`: SENT, or GONE / RECYCLED / DENIED / REFUSED and nothing sent."""
+    def send(self, target: Identity, sig: signal.Signals, proof: Proof | None = None) -> str:
+        """Signal exactly `target`: SENT, or GONE / RECYCLED / DENIED / REFUSED / UNPROVEN and nothing sent.
+
+        With a `proof`, the signal goes only where it holds for the process as it is after pinning.
+        """
         if target.pid <= NAMESPACE_INIT_PID:
             return REFUSED
         if self.use_pidfd:
             try:
-                return self._send_by_pidfd(target, sig)
+                return self._send_by_pidfd(target, sig, proof)
             except OSError as exc:
                 if not _pidfd_unsupported(exc):
                     raise
                 self.use_pidfd = False
-        return self._deliver_to_same(target, lambda: self._kill(target.pid, sig))
+        return self._deliver_to_same(target, lambda: self._kill(target.pid, sig), proof)
 
-    def _send_by_pidfd(self, target: Identity, sig: signal.Signals) -> str:
+    def _send_by_pidfd(self, target: Identity, sig: signal.Signals, proof: Proof | None = None) -> str:
         try:
             handle = self._open(target.pid)
         except ProcessLookupError:
@@ -130,17 +141,28 @@ class ProcessControl:
         try:
             # The handle pins one process; checking the start time after opening it proves it is
             # the one the plan saw (a reused pid shows another start time and is left alone).
-            return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig))
+            return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig), proof)
         finally:
             self._close(handle)
 
-    def _deliver_to_same(self, target: Identity, deliver: Callable[[], None]) -> str:
-        """`deliver()` the signal if `target.pid` still has the start time the plan saw."""
+    def _deliver_to_same(self, target: Identity, deliver: Callable[[], None], proof: Proof | None = None) -> str:
+        """`deliver()` the signal if `target.pid` still has the start time the plan saw (and `proof` holds)."""
         now = self.look(target.pid)
         if now is None:
             return GONE
         if not target.matches(now):
             return RECYCLED
+        if proof is not None:
+            proven = proof(now)
+            # The proof read files under /proc/PID: they were the target's only if the pid still
+            # has its start time after the read (a pid is not reused while its process exists).
+            now = self.look(target.pid)
+            if now is None:
+                return GONE
+            if not target.matches(now):
+                return RECYCLED
+            if not proven:
+                return UNPROVEN
         try:
             deliver()
         except ProcessLookupError:
@@ -174,12 +196,16 @@ class SignalGate:
     `spare_group`: a process group whose members are never signalled either. The launch path passes
     the module's own group: the controller's other workers sit there, and a job's helper that runs
     Ansible carries the job's mark into them.
+    `proof`: what every target must show once pinned (see :data:`Proof`); a target that does not
+    is answered UNPROVEN and not signalled.
     """
 
-    def __init__(self, protection: Protection, control: ProcessControl, spare_group: int | None = None) -> None:
+    def __init__(self, protection: Protection, control: ProcessControl, spare_group: int | None = None,
+                 proof: Proof | None = None) -> None:
         self.protection = protection
         self.control = control
         self.spare_group = spare_group
+        self.proof = proof
 
     def refusal(self, pid: int) -> str | None:
         """Why `pid` must not be signalled, or None."""
@@ -192,7 +218,7 @@ class SignalGate:
         return None
 
     def send(self, target: Identity, sig: signal.Signals) -> str:
-        """SENT, or REFUSED / GONE / RECYCLED / DENIED and nothing sent."""
+        """SENT, or REFUSED / GONE / RECYCLED / DENIED / UNPROVEN and nothing sent."""
         if self.refusal(target.pid) is not None:
             return REFUSED
-        return self.control.send(target, sig)
+        return self.control.send(target, sig, self.proof)

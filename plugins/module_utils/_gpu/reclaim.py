@@ -10,13 +10,19 @@ the selection is "the holders the driver lists on these GPUs", less what must be
 * what the user allow-lists (patterns over the command line or the executable);
 * what signals cannot end or that cannot be identified: a plain zombie (its parent must reap it),
   a pid the driver lists that no longer exists, and every listed pid where the driver's pids are
-  not this namespace's (a container sees host pids: the same number names another process here).
+  not this namespace's (a container sees host pids: the same number names another process here);
+* what does not hold a GPU device file (``gpu_device_glob``) now: the driver's list is a hint, not
+  a proof. It goes stale (DataLoader workers keep the CUDA files after the listed main process has
+  died) and its pids get reused, so a listed pid whose process holds no device file is reported
+  ``not_holding`` and never signalled. A ``Zl`` leader holds through its live threads' files.
 
 Identity. The driver lists bare pids, with no start time. The process table is read *before* the
 driver is asked, so a listed pid found in that table with the same start time at signal time has
 been that very process all along (a pid is not reused while its process exists): the table's
 (pid, starttime) is the identity, and the one signal gate (``_base/signal_gate.py``) pins it with
 a pidfd and checks the start time again, so a pid recycled at any moment is never signalled.
+The gate also runs the device-file check (:func:`holds_gpu_device`, its proof) on the pinned
+process, before every signal: the look of the plan only says what a check-mode run would end.
 
 Then SIGTERM, ``term_timeout``, SIGKILL (if allowed), and a wait for the release through
 gpu_mem_wait's own :func:`~.wait.wait_for_release`, on a view of the GPUs without the spared
@@ -28,6 +34,8 @@ asleep in the driver or a listed pid that no longer exists: ``host_action``).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import functools
 import os
 import signal
 import time
@@ -60,8 +68,10 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     RECYCLED,
     REFUSED,
     SENT,
+    UNPROVEN,
     Identity,
     ProcessControl,
+    Proof,
     SignalGate,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
@@ -98,6 +108,12 @@ APPEARED = "appeared"
 INVISIBLE = "invisible"
 ZOMBIE = "zombie"
 DENIED_REASON = "denied"
+NOT_HOLDING = "not_holding"
+
+DEFAULT_GPU_DEVICE_GLOB = "/dev/nvidia*"
+GLOB_WILDCARDS = "*?["
+# Files nearly every process holds open: a glob that matches one of them proves nothing about a GPU.
+COMMON_OPEN_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/tty", "/dev/pts/0", "/dev/console")
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,7 @@ class ReclaimOptions:
     max_used_mib: float | None = None
     query_timeout: float = 30.0
     driver_pids: str = "host"
+    gpu_device_glob: str = DEFAULT_GPU_DEVICE_GLOB
 
     @property
     def all_devices(self) -> bool:
@@ -130,6 +147,7 @@ def options_from_params(params: Mapping[str, Any]) -> ReclaimOptions:
     poll_interval = checks.check(check_poll_interval, "poll_interval", params["poll_interval"])
     query_timeout = checks.check(check_seconds, "query_timeout", params["query_timeout"], allow_minimum=False)
     checks.check(_finite_within, "max_used_mib", params["max_used_mib"], 0, reason="must be a finite number, 0 or more")
+    device_glob = checks.check(_device_glob, "gpu_device_glob", params["gpu_device_glob"])
     if params["driver_pids"] not in DRIVER_PIDS:
         checks.add("driver_pids", f"must be one of {', '.join(DRIVER_PIDS)}, got {params['driver_pids']!r}")
     if not params["nvidia_smi"]:
@@ -146,6 +164,7 @@ def options_from_params(params: Mapping[str, Any]) -> ReclaimOptions:
         max_used_mib=params["max_used_mib"],
         query_timeout=float(query_timeout or 0.0),
         driver_pids=params["driver_pids"],
+        gpu_device_glob=device_glob or DEFAULT_GPU_DEVICE_GLOB,
     )
 
 
@@ -166,6 +185,43 @@ def _devices(option: str, devices: list[Any]) -> tuple[str, ...]:
             raise BadOption(option, f"'all' stands alone (every GPU of the host), got {list(devices)!r}")
         return ()
     return tuple(names)
+
+
+def _device_glob(option: str, device_glob: str | None) -> str:
+    """The glob over open files' targets that proves a holder holds a GPU device.
+
+    It must name device files, not everything: a glob that also matches what every process holds
+    (``/dev/null``, a terminal) or whose file name begins with a wildcard would make any process a
+    "holder" and let a stale or reused pid be signalled again.
+    """
+    if not device_glob:
+        raise BadOption(option, f"must not be empty, got {device_glob!r}")
+    if not device_glob.startswith("/"):
+        raise BadOption(option, f"must be an absolute path glob like /dev/nvidia* (open files' targets are absolute "
+                                f"paths), got {device_glob!r}")
+    first_wildcard = min((device_glob.find(c) for c in GLOB_WILDCARDS if c in device_glob), default=len(device_glob))
+    name_prefix = device_glob[:first_wildcard].rsplit("/", 1)[1]
+    common = next((path for path in COMMON_OPEN_FILES if fnmatch.fnmatchcase(path, device_glob)), None)
+    if not name_prefix or common is not None:
+        why = "its file name begins with a wildcard" if not name_prefix else f"also matches {common}, which nearly every process holds"
+        raise BadOption(option, f"must name the GPU device files (like /dev/nvidia*), not any file: {device_glob!r} {why}")
+    return device_glob
+
+
+def holds_gpu_device(proc_root: str, device_glob: str, process: Process) -> bool:
+    """Whether `process` (as read now) has an open file matching `device_glob`; a ``Zl`` leader by
+    its live threads' files (its own ``fd/`` is empty). The same walk as zombie_facts' gpu_holders."""
+    return bool(ProcessTable({process.pid: process}, proc_root).device_holders(device_glob, [process.pid]))
+
+
+def device_proof(proc_root: str, device_glob: str) -> Proof:
+    """The signal gate's proof for gpu_reclaim: the pinned process holds a GPU device file."""
+    return functools.partial(holds_gpu_device, proc_root, device_glob)
+
+
+def _not_holding_detail(device_glob: str, when: str) -> str:
+    return (f"holds no open file matching gpu_device_glob {device_glob!r} {when}: the driver's listing is stale or "
+            f"its pid now names another process, so it is not signalled")
 
 
 @dataclass
@@ -320,6 +376,9 @@ def _why_spared(
             return ALLOW_LISTED, f"matches allow pattern {rx.pattern!r}"
     if process.is_zombie and process.threads <= 1:
         return ZOMBIE, "a zombie: no signal ends it, its parent must reap it"
+    # What a check-mode run would not end; in a real run the signal gate asks again, pinned.
+    if not holds_gpu_device(proc_root, options.gpu_device_glob, process):
+        return NOT_HOLDING, _not_holding_detail(options.gpu_device_glob, "in the look")
     return None, ""
 
 
@@ -388,6 +447,11 @@ class ReclaimResult:
     def released(self) -> bool:
         return self.release.released
 
+    @property
+    def not_holding(self) -> list[dict[str, Any]]:
+        """The listed holders that held no GPU device file (in `spared` too), so were not signalled."""
+        return [entry for entry in self.plan.spared if entry["reason"] == NOT_HOLDING]
+
     def gpus(self) -> list[dict[str, Any]]:
         after = {d.index: d for d in self.after}
         entries = []
@@ -408,6 +472,7 @@ class ReclaimResult:
             "targets": [holder.entry() for holder in self.plan.targets],
             "ended": self.ended,
             "spared": self.plan.spared,
+            "not_holding": self.not_holding,
             "remaining": self.remaining,
             "signals": self.signals,
             "gpus": self.gpus(),
@@ -455,6 +520,15 @@ def reclaim(
             result.judgement.add("permission_denied", Escalation.HOST_ACTION,
                                  f"pid {entry['pid']} ({entry['comm']}) holds GPU {entry['gpus']} and could not be signalled: "
                                  f"permission denied", [entry["pid"]])
+    still_listed = {holder["pid"] for holder in result.release.holders}
+    for entry in result.not_holding:
+        if entry["pid"] in still_listed:
+            # Signals still free it, but of whatever holds the device files, which the driver does not list.
+            result.judgement.add(NOT_HOLDING, Escalation.SIGNALS,
+                                 f"pid {entry['pid']} ({entry['comm'] or '?'}) is listed on GPU {entry['gpus']} but holds no "
+                                 f"file matching {options.gpu_device_glob!r}, so it was not signalled: the memory is held "
+                                 f"by processes the driver does not list (zombie_facts' gpu_holders names who holds the "
+                                 f"device files)", [entry["pid"]])
     return result
 
 
@@ -472,11 +546,12 @@ def _end_targets(result: ReclaimResult, options: ReclaimOptions, control: Proces
                  clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
     """SIGTERM, `term_timeout`, SIGKILL: every signal through the gate, to the planned identity."""
     table = ProcessTable.scan(proc_root)
-    gate = SignalGate(Protection(table, options.protected), control, spare_group=own_group())
+    gate = SignalGate(Protection(table, options.protected), control, spare_group=own_group(),
+                      proof=device_proof(proc_root, options.gpu_device_glob))
     began = clock()
     live: list[Holder] = []
     for holder in result.plan.targets:
-        if _send(result, gate, holder, signal.SIGTERM, began, clock):
+        if _send(result, gate, holder, signal.SIGTERM, began, clock, options.gpu_device_glob):
             live.append(holder)
     if not live:
         return
@@ -484,27 +559,29 @@ def _end_targets(result: ReclaimResult, options: ReclaimOptions, control: Proces
     survivors = _still_running(control, live)
     if options.kill:
         for holder in survivors:
-            _send(result, gate, holder, signal.SIGKILL, began, clock)
+            _send(result, gate, holder, signal.SIGKILL, began, clock, options.gpu_device_glob)
 
 
 def _send(result: ReclaimResult, gate: SignalGate, holder: Holder, sig: signal.Signals, began: float,
-          clock: Callable[[], float]) -> bool:
+          clock: Callable[[], float], device_glob: str) -> bool:
     """Signal one holder through the gate; True if delivered. A holder not reached joins `spared`."""
     if holder.process is None:  # only holders found in the table are targets
         raise ValueError(f"pid {holder.pid} is not a planned target")
     identity = Identity.of(holder.process)
     outcome = gate.send(identity, sig)
-    result.signals.append({"pid": holder.pid, "starttime": identity.starttime, "signal": sig.name, "result": outcome,
-                           "elapsed": round(clock() - began, 3)})
+    result.signals.append({"pid": holder.pid, "starttime": identity.starttime, "signal": sig.name,
+                           "result": NOT_HOLDING if outcome == UNPROVEN else outcome, "elapsed": round(clock() - began, 3)})
     if outcome == SENT:
         return True
     if sig == signal.SIGTERM:
-        reason = {GONE: GONE_REASON, RECYCLED: RECYCLED_REASON, DENIED: DENIED_REASON, REFUSED: PROTECTED}[outcome]
+        reason = {GONE: GONE_REASON, RECYCLED: RECYCLED_REASON, DENIED: DENIED_REASON, REFUSED: PROTECTED,
+                  UNPROVEN: NOT_HOLDING}[outcome]
         detail = {
             GONE: "exited before it was signalled",
             RECYCLED: "its pid now belongs to another process, which is not signalled",
             DENIED: "permission denied",
             REFUSED: f"refused by the signal gate ({gate.refusal(holder.pid) or 'PID 1'})",
+            UNPROVEN: _not_holding_detail(device_glob, "when it was to be signalled"),
         }[outcome]
         result.plan.spared.append(holder.entry(reason=reason, detail=detail))
     return False

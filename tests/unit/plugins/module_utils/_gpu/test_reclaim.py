@@ -1,17 +1,20 @@
 """gpu_reclaim's options, who is spared and why, and the release view, on fixture trees and scripted GPUs.
 
-Signals are not sent here: the integration tests (tests/integration/test_gpu_reclaim.py) end real
-processes in a private PID namespace.
+No real signal is sent here (a recording kernel stands in for delivery): the integration tests
+(tests/integration/test_gpu_reclaim.py) end real processes in a private PID namespace.
 """
 
 from __future__ import annotations
 
 import math
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import ProcessControl
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuProcess
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
     ReclaimOptions,
@@ -31,7 +34,7 @@ def params(**overrides: Any) -> dict[str, Any]:
     base = {
         "devices": ["0"], "allow": [], "protected": [], "term_timeout": 10, "kill": True, "release_timeout": 60,
         "poll_interval": 0.5, "max_used_mib": None, "query_timeout": 30, "driver_pids": "host",
-        "gpus_required": True, "backend": "auto", "nvidia_smi": "nvidia-smi",
+        "gpus_required": True, "backend": "auto", "nvidia_smi": "nvidia-smi", "gpu_device_glob": "/dev/nvidia*",
     }
     base.update(overrides)
     return base
@@ -116,11 +119,54 @@ def proc(tmp_path) -> FakeProc:
     return fake
 
 
+@pytest.fixture
+def gpu_file(tmp_path) -> Path:
+    """A file standing for /dev/nvidia0: the fixture's device holders have an fd pointing at it."""
+    directory = tmp_path / "dev"
+    directory.mkdir()
+    path = directory / "nvidia0"
+    path.write_bytes(b"")
+    return path
+
+
+def device_glob(gpu_file: Path) -> str:
+    return str(gpu_file.parent / "nvidia*")
+
+
+def holding(proc: FakeProc, gpu_file: Path, *pids: int) -> None:
+    """Give each pid an open fd on the GPU device file (as a CUDA process has)."""
+    for pid in pids:
+        proc.add_fd(pid, "5", str(gpu_file))
+
+
+class RecordingControl(ProcessControl):
+    """The kernel primitives record instead of signalling; `on_pin` runs when the gate pins a pid."""
+
+    def __init__(self, proc_root: str, on_pin=None) -> None:
+        super().__init__(proc_root, use_pidfd=True)
+        self.use_pidfd = True
+        self.on_pin = on_pin
+        self.pinned: list[int] = []
+        self.delivered: list[tuple[int, signal.Signals]] = []
+
+    def _open(self, pid: int) -> int:
+        self.pinned.append(pid)
+        if self.on_pin is not None:
+            self.on_pin(pid)
+        return pid
+
+    def _signal_handle(self, handle: int, sig: signal.Signals) -> None:
+        self.delivered.append((handle, sig))
+
+    def _close(self, handle: int) -> None:
+        pass
+
+
 def spared(plan) -> dict[int, str]:
     return {entry["pid"]: entry["reason"] for entry in plan.spared}
 
 
-def test_plan_ends_unlisted_holders_and_spares_by_policy_with_reasons(proc):
+def test_plan_ends_unlisted_holders_and_spares_by_policy_with_reasons(proc, gpu_file):
     proc.add(100, "sshd", cmdline=["sshd: ops"])                              # the connection: an ancestor
     proc.add(101, "python3", ppid=100, cmdline=["python3", "AnsiballZ_gpu_reclaim.py"])  # the module itself
     proc.add(200, "python3", cmdline=["python3", "/ci/job/train.py"])         # a leftover: the target
@@ -129,9 +175,10 @@ def test_plan_ends_unlisted_holders_and_spares_by_policy_with_reasons(proc):
     proc.add(203, "python3", state="Z", cmdline=[])                           # a plain zombie
     proc.add(204, "ansible-playboo", cmdline=["/venv/bin/python", "/venv/bin/ansible-playbook", "x.yml"])
     proc.add(205, "python3", pgid=77, cmdline=["python3", "helper.py"])       # in the module's process group
+    holding(proc, gpu_file, 200)
     gpus = [device(0, {1: 10, 100: 10, 101: 10, 200: 4096, 201: 80, 202: 10, 203: 512, 204: 10, 205: 10, 999: 64})]
     source = ScriptedSource([gpus])
-    options = options_from_params(params(allow=[r"^/usr/bin/dcgm-exporter\b"]))
+    options = options_from_params(params(allow=[r"^/usr/bin/dcgm-exporter\b"], gpu_device_glob=device_glob(gpu_file)))
     plan = plan_reclaim(source, options, str(proc.root), own_pid=101, spare_group=77)
     assert [holder.pid for holder in plan.targets] == [200]
     assert spared(plan) == {1: "pid1", 100: "ancestor", 101: "ancestor", 201: "allow_listed", 202: "protected",
@@ -144,11 +191,13 @@ def test_plan_ends_unlisted_holders_and_spares_by_policy_with_reasons(proc):
     assert source.asked == [None, [0]]
 
 
-def test_a_holder_on_two_gpus_is_one_target_and_unchosen_gpus_are_left_alone(proc):
+def test_a_holder_on_two_gpus_is_one_target_and_unchosen_gpus_are_left_alone(proc, gpu_file):
     proc.add(300, "python3", cmdline=["python3", "ddp.py"])
     proc.add(301, "python3", cmdline=["python3", "other.py"])
+    holding(proc, gpu_file, 300, 301)
     source = ScriptedSource([[device(0, {300: 1000}), device(1, {300: 1000}), device(2, {301: 50})]])
-    plan = plan_reclaim(source, options_from_params(params(devices=["0", "GPU-0001"])), str(proc.root), own_pid=1)
+    options = options_from_params(params(devices=["0", "GPU-0001"], gpu_device_glob=device_glob(gpu_file)))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
     (target,) = plan.targets
     assert target.pid == 300 and target.gpus == [0, 1] and target.used_mib == 2000
     assert plan.indices == [0, 1] and [d.index for d in plan.before] == [0, 1]
@@ -160,16 +209,19 @@ def test_an_unknown_gpu_names_the_option(proc):
         plan_reclaim(source, options_from_params(params(devices=["3"])), str(proc.root))
 
 
-def test_host_pids_seen_from_another_namespace_are_never_signalled(proc):
+def test_host_pids_seen_from_another_namespace_are_never_signalled(proc, gpu_file):
     # A /proc whose pid namespace is not the host's: the driver's pid 200 is some other process here.
     (proc.root / "self" / "ns").mkdir(parents=True)
     (proc.root / "self" / "ns" / "pid").write_text("", encoding="ascii")
     proc.add(200, "python3", cmdline=["python3", "unrelated.py"])
+    holding(proc, gpu_file, 200)
     source = ScriptedSource([[device(0, {200: 4096})]])
-    plan = plan_reclaim(source, options_from_params(params()), str(proc.root), own_pid=1)
+    glob = device_glob(gpu_file)
+    plan = plan_reclaim(source, options_from_params(params(gpu_device_glob=glob)), str(proc.root), own_pid=1)
     assert plan.targets == [] and spared(plan) == {200: "invisible"} and plan.host_pids_visible is False
     # Declared to be this namespace's own pids, the holder is a target.
-    own = plan_reclaim(source, options_from_params(params(driver_pids="own_namespace")), str(proc.root), own_pid=1)
+    own = plan_reclaim(source, options_from_params(params(driver_pids="own_namespace", gpu_device_glob=glob)), str(proc.root),
+                       own_pid=1)
     assert [holder.pid for holder in own.targets] == [200]
 
 
@@ -188,11 +240,12 @@ def test_spared_holders_are_left_out_of_the_release_condition():
     assert seen.processes == () and seen.used_bytes == 0
 
 
-def test_check_mode_plans_signals_nothing_and_takes_one_look(proc):
+def test_check_mode_plans_signals_nothing_and_takes_one_look(proc, gpu_file):
     proc.add(200, "python3", cmdline=["python3", "/ci/job/train.py"])
     proc.add(201, "dcgm-exporter", cmdline=["/usr/bin/dcgm-exporter"])
+    holding(proc, gpu_file, 200, 201)
     source = ScriptedSource([[device(0, {200: 4096, 201: 80})]])
-    options = options_from_params(params(allow=["dcgm"]))
+    options = options_from_params(params(allow=["dcgm"], gpu_device_glob=device_glob(gpu_file)))
     clock = FakeClock()
     plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
     result = reclaim(source, options, check_mode=True, proc_root=str(proc.root), clock=clock, sleep=clock.sleep, plan=plan)
@@ -222,15 +275,111 @@ def test_release_options_reach_the_wait():
     assert options.max_used_mib == 1024 and options.kill is True and not options.all_devices
 
 
-def test_a_zombie_leader_is_judged_by_the_program_its_live_threads_run(proc):
+def test_a_zombie_leader_is_judged_by_the_program_its_live_threads_run(proc, gpu_file):
     # Zl: the main thread exited (its cmdline reads empty), another thread runs on and holds the GPU.
     for pid, tag in ((400, "/usr/bin/dcgm-exporter"), (401, "python3 /ci/job/train.py")):
         proc.add(pid, "leader", state="Z", threads=2, cmdline=[])
         proc.add_thread(pid, pid, "leader", state="Z")
         proc.add_thread(pid, pid + 100, "worker", state="S")
         (proc.root / str(pid) / "task" / str(pid + 100) / "cmdline").write_bytes(tag.replace(" ", "\0").encode() + b"\0")
+        proc.add_fd(pid, "5", str(gpu_file), tid=pid + 100)
     source = ScriptedSource([[device(0, {400: 80, 401: 4096})]])
-    plan = plan_reclaim(source, options_from_params(params(allow=[r"dcgm-exporter\b"])), str(proc.root), own_pid=1)
+    options = options_from_params(params(allow=[r"dcgm-exporter\b"], gpu_device_glob=device_glob(gpu_file)))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
     assert spared(plan) == {400: "allow_listed"}
     (target,) = plan.targets
     assert target.pid == 401 and target.entry()["cmdline"] == "python3 /ci/job/train.py"
+
+
+# --- only proven holders: a GPU device file open now ---------------------------------------------
+
+
+@pytest.mark.parametrize("glob, why", [
+    ("", "must not be empty"),
+    ("nvidia*", "must be an absolute path glob"),
+    ("/dev/*", "its file name begins with a wildcard"),
+    ("/*", "its file name begins with a wildcard"),
+    ("/dev/[nt]*", "its file name begins with a wildcard"),
+    ("/dev/n*", "also matches /dev/null"),
+    ("/d*", "also matches /dev/null"),
+    ("/dev/tt?", "also matches /dev/tty"),
+])
+def test_a_device_glob_that_would_prove_any_process_a_holder_is_refused(glob, why):
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(params(gpu_device_glob=glob))
+    assert caught.value.options == ["gpu_device_glob"] and why in str(caught.value)
+
+
+def test_the_device_glob_defaults_to_the_nvidia_device_files():
+    assert options_from_params(params()).gpu_device_glob == "/dev/nvidia*"
+    assert options_from_params(params(gpu_device_glob="/dev/nvidia[0-9]*")).gpu_device_glob == "/dev/nvidia[0-9]*"
+
+
+def test_a_listed_pid_that_holds_no_device_file_is_reported_not_holding_and_never_a_target(proc, gpu_file):
+    proc.add(200, "python3", cmdline=["python3", "/ci/job/train.py"])
+    proc.add(206, "bash", cmdline=["bash"])                   # a listed pid that is not using the GPU (now)
+    proc.add(207, "python3", cmdline=["python3", "x.py"])      # holds a file, but not a device file
+    holding(proc, gpu_file, 200)
+    proc.add_fd(207, "3", str(gpu_file.parent / "other"))
+    (gpu_file.parent / "other").write_bytes(b"")
+    source = ScriptedSource([[device(0, {200: 4096, 206: 1024, 207: 512})]])
+    options = options_from_params(params(gpu_device_glob=device_glob(gpu_file)))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
+    assert [holder.pid for holder in plan.targets] == [200]
+    assert spared(plan) == {206: "not_holding", 207: "not_holding"}
+    assert "gpu_device_glob" in plan.spared[0]["detail"]
+    clock = FakeClock()
+    result = reclaim(source, options, check_mode=True, proc_root=str(proc.root), clock=clock, sleep=clock.sleep, plan=plan)
+    report = result.as_dict()
+    assert [entry["pid"] for entry in report["not_holding"]] == [206, 207]
+    assert {entry["pid"] for entry in report["not_holding"]} <= {entry["pid"] for entry in report["spared"]}
+    # Still listed, so not released; the finding says why it was not signalled.
+    assert report["released"] is False
+    finding = next(f for f in report["findings"] if f["kind"] == "not_holding" and f["pids"] == [206])
+    assert finding["escalation"] == "signals" and "holds no file matching" in finding["why"]
+    # Nothing on the machine matches the glob: nobody is a holder, nothing is a target.
+    elsewhere = options_from_params(params(gpu_device_glob=str(gpu_file.parent / "absent*")))
+    assert plan_reclaim(source, elsewhere, str(proc.root), own_pid=1).targets == []
+
+
+def test_a_zombie_leader_holds_through_its_live_threads_files_only(proc, gpu_file):
+    # The leader's own fd/ is empty; the file is on the live thread. A leader whose threads hold
+    # nothing is not holding, whatever the driver lists.
+    for pid, holds in ((400, True), (401, False)):
+        proc.add(pid, "python3", state="Z", threads=2, cmdline=[])
+        proc.add_thread(pid, pid, "python3", state="Z")
+        proc.add_thread(pid, pid + 100, "pt_main_thread", state="S")
+        if holds:
+            proc.add_fd(pid, "7", str(gpu_file), tid=pid + 100)
+    source = ScriptedSource([[device(0, {400: 4096, 401: 4096})]])
+    plan = plan_reclaim(source, options_from_params(params(gpu_device_glob=device_glob(gpu_file))), str(proc.root), own_pid=1)
+    assert [holder.pid for holder in plan.targets] == [400] and spared(plan) == {401: "not_holding"}
+
+
+def test_the_gate_checks_the_device_file_on_the_pinned_process_before_every_signal(proc, gpu_file):
+    """The plan saw the file; at the moment the gate pins the process it holds none: not signalled.
+
+    The fd goes away inside the pin (the worst moment), so a look before the gate would have passed.
+    """
+    proc.add(200, "python3", cmdline=["python3", "/ci/job/train.py"])
+    proc.add(201, "python3", cmdline=["python3", "/ci/job/eval.py"])
+    holding(proc, gpu_file, 200, 201)
+    source = ScriptedSource([[device(0, {200: 4096, 201: 1024})]])
+    options = options_from_params(params(gpu_device_glob=device_glob(gpu_file), release_timeout=0))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
+    assert [holder.pid for holder in plan.targets] == [200, 201]
+
+    def drop_files(pid: int) -> None:
+        if pid == 200:
+            (proc.root / "200" / "fd" / "5").unlink()
+
+    control = RecordingControl(str(proc.root), on_pin=drop_files)
+    clock = FakeClock()
+    result = reclaim(source, options, proc_root=str(proc.root), control=control, clock=clock, sleep=clock.sleep, plan=plan)
+    assert control.delivered == [(201, signal.SIGTERM), (201, signal.SIGKILL)]  # the fixture never exits
+    report = result.as_dict()
+    assert [(s["pid"], s["signal"], s["result"]) for s in report["signals"]] == [
+        (200, "SIGTERM", "not_holding"), (201, "SIGTERM", "sent"), (201, "SIGKILL", "sent")]
+    assert [(e["pid"], e["reason"]) for e in report["not_holding"]] == [(200, "not_holding")]
+    assert "when it was to be signalled" in report["not_holding"][0]["detail"]
+    assert spared(result.plan)[200] == "not_holding"
