@@ -152,6 +152,8 @@ options:
       - They come before the plugin's own C(-o) options, and C(ssh) keeps the first value it is
         given for an option, so an option here wins over the plugin's (for example
         C(-o StrictHostKeyChecking=accept-new), or another C(ControlPersist)).
+      - Except C(ControlPath) (C(-o ControlPath=...) or C(-S)), which is refused. The control socket
+        lives where O(control_path_dir) says, in a directory that was checked.
     type: string
     default: ''
     ini:
@@ -179,6 +181,15 @@ options:
       - Directory of the shared connections' control sockets. Created with mode C(0700) when
         missing; refused unless it is a directory (not a link) of this user that no one else has
         any access to (mode C(0700) or stricter).
+      - Every directory above it, from C(/) down, must be a real directory (not a link) that belongs
+        to C(root) or to this user and that no other user may write to, unless it has the sticky bit
+        (as C(/tmp) has). Otherwise another user could rename the directory and put one of their own,
+        with their own control socket, in its place. Missing directories are created with mode C(0700).
+      - Taken literally. A C(%) or a C($) in it fails the task, naming this option, because ssh would
+        expand its tokens (C(%u), C(%h), ...) and C(${VARIABLE}) and use a directory that was never
+        checked. So do quotes, backslashes and control characters.
+      - The plugin's own C(ControlPath) is the only one; a C(ControlPath) option or C(-S) in
+        O(ssh_extra_args) is refused.
       - Each socket is named by OpenSSH's C(%C) hash of the connection (local host, node, port,
         user). A Unix socket's path is limited to 107 bytes, so the directory may be at most 49 bytes long.
     type: path
@@ -286,18 +297,26 @@ EXAMPLES = r"""
         mode: "0640"
 """
 
+import getopt
 import os
 import selectors
 import shlex
-import stat
 import subprocess
 import threading
 import typing as t
+import unicodedata
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir import (
+    NO_ACCESS_FOR_OTHERS,
+    absolute_dir,
+    check_private_dir,
+)
 
 display = Display()
 
@@ -309,6 +328,11 @@ REDACTED_KEY = "<private key file>"
 
 # 107 bytes of sun_path, less "/" + 40 hex digits of %C + "." + 16 characters of ssh's temporary name.
 MAX_CONTROL_DIR_BYTES = 107 - 58
+# What ssh expands or parses in a ControlPath: %-tokens, ${VARIABLES}, quotes and backslash escapes.
+SSH_EXPANDED = frozenset("%$\"'\\")
+# ssh's own getopt string (OpenSSH 9.x): which options take an argument, so that -S is found
+# wherever it is (-S path, -Spath, -TS path) and a user name or path that holds an S is not.
+SSH_GETOPT = "1246ab:c:e:fgi:kl:m:no:p:qstvxAB:CD:E:F:GI:J:KL:MNO:PQ:R:S:TVw:W:XYy"
 
 
 class Connection(ConnectionBase):
@@ -344,20 +368,18 @@ class Connection(ConnectionBase):
         return f"{node}:{port}" if port else node
 
     def _private_control_dir(self) -> str:
-        """The control socket directory, created 0700, and refused unless it is private to us."""
-        path = os.path.expanduser(to_text(self.get_option("control_path_dir")))
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            info = os.lstat(path)
-        except OSError as exc:
-            raise AnsibleError(f"gpuops.relaunch.pct_ssh: cannot create control_path_dir {path}: {exc}") from exc
-        if not stat.S_ISDIR(info.st_mode):
-            raise AnsibleError(f"gpuops.relaunch.pct_ssh: control_path_dir {path} is not a directory")
-        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        """The control socket directory: taken literally, walked from / and private to this user (made 0700
+        where missing); AnsibleError naming control_path_dir otherwise."""
+        given = to_text(self.get_option("control_path_dir"))
+        if any(char in given for char in SSH_EXPANDED) or any(unicodedata.category(char) == "Cc" for char in given):
+            # ssh expands %u, %h, ${HOME} ... in a ControlPath and parses quotes and backslashes: the
+            # directory it used would not be the one checked here, and could be another user's.
             raise AnsibleError(
-                f"gpuops.relaunch.pct_ssh: control_path_dir {path} must belong to this user (uid {os.geteuid()}) "
-                f"with mode 0700 (it has uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})"
+                f"gpuops.relaunch.pct_ssh: control_path_dir {given!r} must not contain %, $, quotes, backslashes or"
+                " control characters: ssh would expand %-tokens (%u, %h, ...) and ${VARIABLES} in it and use a"
+                " directory that was never checked; give the directory literally (for example ~/.ansible/pct_ssh)"
             )
+        path = absolute_dir(given)
         if len(os.fsencode(path)) > MAX_CONTROL_DIR_BYTES:
             # ssh names the socket DIR/%C (40 hex digits) and first binds DIR/%C.<16 random
             # characters>: a longer directory fails later with "too long for Unix domain socket".
@@ -366,7 +388,21 @@ class Connection(ConnectionBase):
                 f" (at most {MAX_CONTROL_DIR_BYTES} bytes: a Unix socket's path is limited to 107);"
                 " choose a shorter directory"
             )
+        try:
+            check_private_dir("control_path_dir", path, NO_ACCESS_FOR_OTHERS)
+        except BadOption as exc:
+            raise AnsibleError(f"gpuops.relaunch.pct_ssh: {exc}") from None
         return path
+
+    def _extra_args(self) -> list[str]:
+        """ssh_extra_args, split as a shell would; AnsibleError if they set a control path of their own."""
+        args = self._split_ssh_args(to_text(self.get_option("ssh_extra_args") or ""))
+        if _sets_control_path(args):
+            raise AnsibleError(
+                "gpuops.relaunch.pct_ssh: ssh_extra_args must not set ControlPath (-o ControlPath=... or -S):"
+                " the plugin's control sockets live in control_path_dir, which it checks; set that instead"
+            )
+        return args
 
     def _ssh_argv(self, *control: str) -> list[str]:
         """The ssh command line up to and including the node's address (a control command like
@@ -374,7 +410,7 @@ class Connection(ConnectionBase):
         # The extra arguments come first: ssh keeps the first value it is given for an option, so
         # theirs win over the plugin's own.
         argv = [to_text(self.get_option("ssh_executable")), "-T"]
-        argv += self._split_ssh_args(to_text(self.get_option("ssh_extra_args") or ""))
+        argv += self._extra_args()
         options = {
             "BatchMode": "yes",
             "StrictHostKeyChecking": "yes" if self.get_option("host_key_checking") else "no",
@@ -538,6 +574,18 @@ class Connection(ConnectionBase):
     def close(self) -> None:
         # The shared connection outlives the task on purpose (ControlPersist); nothing else is open.
         self._connected = False
+
+
+def _sets_control_path(args: list[str]) -> bool:
+    """Whether ssh arguments choose a control socket of their own (-o ControlPath, in any spelling, or -S)."""
+    if any("controlpath" in arg.lower() for arg in args):
+        return True
+    try:
+        options, _rest = getopt.gnu_getopt(args, SSH_GETOPT)
+    except getopt.GetoptError:
+        # An option this ssh's getopt string does not know (a newer ssh): judge by the words alone.
+        return any(arg.startswith("-S") for arg in args)
+    return any(name == "-S" for name, _value in options)
 
 
 def _feed(pipe: t.IO[bytes], data: bytes) -> None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,7 +156,7 @@ def test_exit_255_is_unreachable_with_the_reason_and_without_the_key(tmp_path):
 
 @pytest.mark.parametrize("mode", [0o755, 0o770, 0o701])
 def test_a_control_directory_others_can_use_is_refused(tmp_path, mode):
-    shared = tmp_path / "cp"
+    shared = short_dir()
     shared.mkdir()
     shared.chmod(mode)
     conn = connection(tmp_path, control_path_dir=str(shared))
@@ -201,3 +204,148 @@ def test_a_no_log_task_s_command_is_not_shown(tmp_path):
     shown = conn._shown(argv, command=True)  # pylint: disable=protected-access
 
     assert "s3cret" not in shown and shown.endswith("'<command hidden: no_log>'")
+
+
+# ------------------------------------------------- the control directory ssh really uses (issue 17, item 10)
+
+OTHER_UID = 65534  # nobody: "another user" on the controller
+
+
+def other_users(path: Path) -> Path:
+    """`path`, handed to another user (as an attacker's own directory would be)."""
+    if os.geteuid() != 0:
+        pytest.skip("handing a directory to another user needs root")
+    os.chown(path, OTHER_UID, OTHER_UID)
+    return path
+
+
+def ssh_config(argv: list[str]) -> dict[str, str]:
+    """What the real ssh makes of a command line (``ssh -G``: the configuration it would use, every
+    token expanded; nothing is connected)."""
+    shown = subprocess.run([argv[0], "-G", *argv[1:]], capture_output=True, text=True, check=True).stdout
+    return dict(line.split(" ", 1) for line in shown.splitlines() if " " in line)
+
+
+def test_the_control_socket_ssh_uses_lies_in_the_directory_that_was_checked(tmp_path):
+    conn = connection(tmp_path, remote_user="root", port=2222)
+
+    argv = conn._ssh_argv()  # pylint: disable=protected-access
+
+    used = Path(ssh_config(argv)["controlpath"])
+    assert used.parent == SHORT_DIRS[-1] / "cp" and len(used.name) == 40  # DIR/%C, %C expanded by ssh itself
+
+
+@pytest.mark.parametrize("given", ["{base}/pctcp-%u", "{base}/%C-dir", "{base}/${{GPUOPS_UNSET}}", "{base}/a\"b", "{base}/a\\b",
+                                   "{base}/a\nb"])
+def test_a_control_directory_ssh_would_expand_or_parse_is_refused_naming_the_option(tmp_path, given):
+    """(Ansible expands a set environment variable in a path option itself; ssh would expand an unset one.)"""
+    base = short_dir().parent
+    conn = connection(tmp_path, control_path_dir=given.format(base=base))
+
+    with pytest.raises(AnsibleError, match="control_path_dir .* must not contain %, \\$, quotes, backslashes or control"):
+        conn._ssh_argv()  # pylint: disable=protected-access
+
+    assert list(base.iterdir()) == []  # nothing was created
+
+
+def test_another_users_control_master_behind_percent_u_never_sees_a_task(tmp_path):
+    """The attack: control_path_dir /tmp/pctcp-%u. The plugin used to check (and create) the literal
+    directory, while ssh expanded %u and connected to the control socket another user had planted in
+    /tmp/pctcp-root, handing it the task. Now the task is refused before ssh runs."""
+    base = short_dir().parent
+    planted_dir = base / f"pctcp-{pwd.getpwuid(os.geteuid()).pw_name}"  # what ssh makes of pctcp-%u
+    planted_dir.mkdir()
+    other_users(planted_dir)
+    target = ["ssh", "-o", "BatchMode=yes", "-p", "1", "-l", "root", "--", "127.0.0.1"]
+    socket_path = ssh_config(target[:1] + ["-o", f"ControlPath={planted_dir}/%C"] + target[1:])["controlpath"]
+    master = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    master.bind(socket_path)
+    master.listen(4)
+    master.settimeout(0.1)
+    received: list[bytes] = []
+    listening = threading.Event()
+    listening.set()
+
+    def fake_control_master() -> None:
+        """Takes what a client sends, then hangs up (the client then gives up on it)."""
+        while listening.is_set():
+            try:
+                client, _address = master.accept()
+            except socket.timeout:
+                continue
+            with client:
+                client.settimeout(2)
+                try:
+                    received.append(client.recv(4096))
+                except OSError:
+                    received.append(b"")
+
+    thread = threading.Thread(target=fake_control_master, daemon=True)
+    thread.start()
+    conn = connection(tmp_path, control_path_dir=f"{base}/pctcp-%u", remote_addr="127.0.0.1", port=1,
+                      remote_user="root", timeout=2, host_key_checking=False)
+    try:
+        with pytest.raises(AnsibleError, match="control_path_dir .* must not contain %"):
+            conn.exec_command("echo the module payload")
+    finally:
+        listening.clear()
+        thread.join(5)
+        master.close()
+    assert received == [], "ssh connected to the control socket another user planted"
+
+
+def test_a_parent_that_is_a_symlink_is_refused(tmp_path):
+    base = short_dir().parent
+    (base / "real").mkdir(mode=0o700)
+    (base / "link").symlink_to(base / "real")
+    conn = connection(tmp_path, control_path_dir=str(base / "link" / "cp"))
+
+    with pytest.raises(AnsibleError, match=r"control_path_dir: .*/link is a symbolic link"):
+        conn._ssh_argv()  # pylint: disable=protected-access
+
+    assert not (base / "real" / "cp").exists()
+
+
+@pytest.mark.parametrize("make", ["writable_by_all", "writable_by_group", "owned_by_another_user"])
+def test_a_parent_another_user_can_rename_in_is_refused(tmp_path, make):
+    base = short_dir().parent
+    parent = base / "p"
+    parent.mkdir(mode=0o755)
+    (parent / "cp").mkdir(mode=0o700)  # the control directory itself is fine: its parent is not
+    if make == "owned_by_another_user":
+        other_users(parent)
+    else:
+        parent.chmod(0o777 if make == "writable_by_all" else 0o775)
+    conn = connection(tmp_path, control_path_dir=str(parent / "cp"))
+
+    with pytest.raises(AnsibleError, match=r"control_path_dir: .*/p \(on its path\) (is writable by other users|belongs to uid)"):
+        conn._ssh_argv()  # pylint: disable=protected-access
+
+
+def test_a_sticky_world_writable_parent_like_tmp_is_accepted(tmp_path):
+    """In a sticky directory no one else may rename or remove an entry they do not own."""
+    parent = short_dir().parent / "sticky"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    conn = connection(tmp_path, control_path_dir=str(parent / "cp"))
+
+    argv = conn._ssh_argv()  # pylint: disable=protected-access
+
+    assert Path(ssh_config(argv)["controlpath"]).parent == parent / "cp"
+    assert (parent / "cp").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("extra", ["-o ControlPath=/tmp/other/%C", "-oControlPath=/tmp/x", "-o 'controlpath /tmp/x'",
+                                   "-S /tmp/x", "-S/tmp/x", "-TS /tmp/x", "-v -S /tmp/x"])
+def test_a_control_path_of_its_own_in_ssh_extra_args_is_refused(tmp_path, extra):
+    conn = connection(tmp_path, ssh_extra_args=extra)
+
+    with pytest.raises(AnsibleError, match="ssh_extra_args must not set ControlPath"):
+        conn._ssh_argv()  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("extra", ["-l Sam", "-J Sjump", "-o User=S", "-i /keys/S"])
+def test_an_s_that_is_an_argument_is_not_a_control_path(tmp_path, extra):
+    conn = connection(tmp_path, ssh_extra_args=extra)
+
+    assert conn._ssh_argv()[-2:] == ["--", "pve1.example.org"]  # pylint: disable=protected-access
