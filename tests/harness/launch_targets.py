@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,9 +62,11 @@ class Target:
                 self.remember(result)
         return run
 
-    def demo(self, *args: str) -> list[str]:
-        """The demo job's argv, tagged with this target's work directory (see mine())."""
-        return [PYTHON, DEMO, "--tag", str(self.work), *args]
+    def demo(self, *args: str, script: str = DEMO) -> list[str]:
+        """The demo job's argv, tagged with this target's work directory (see mine()).
+
+        `script`: another copy of the demo (see readable_by_all, for a job run as another user)."""
+        return [PYTHON, script, "--tag", str(self.work), *args]
 
     def mine(self, proc: Proc) -> bool:
         """Whether `proc` is a demo job started by this test (other tests may run the demo too)."""
@@ -126,6 +130,27 @@ class Target:
         if self.namespace is not None:
             return
         end_recorded_runs(self.state_dir, self.started_runs)
+
+
+@contextmanager
+def readable_by_all(*files: str | Path) -> Iterator[dict[str, str]]:
+    """Copies of `files` that any user can read: {original: copy}, removed with the block.
+
+    A job run as another user (nobody) must read what it runs, wherever the checkout or pytest's
+    tmp_path lie (a `mktemp -d` folder is 0700): the copies go into a fresh directory under /tmp
+    made 0755, each file 0644."""
+    directory = Path(tempfile.mkdtemp(prefix="gpuops-readable-", dir="/tmp"))
+    try:
+        directory.chmod(0o755)
+        copies: dict[str, str] = {}
+        for original in files:
+            copy = directory / Path(original).name
+            shutil.copyfile(original, copy)
+            copy.chmod(0o644)
+            copies[str(original)] = str(copy)
+        yield copies
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.launch_targets import Target, in_pid_namespace, on_localhost, playbook_popen
+from tests.harness.launch_targets import DEMO, Target, in_pid_namespace, on_localhost, playbook_popen, readable_by_all
 from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
@@ -157,16 +157,19 @@ def test_start_fails_at_deadline_without_ready_line(local: Target) -> None:
 
 
 def test_runs_as_the_requested_user(local: Target) -> None:
-    started = local.play([local.launch_task(user="nobody", group="nogroup")]).result("launch")
-    assert started["changed"] is True
-    status = Path(f"/proc/{started['pid']}/status").read_text()
-    uid = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
-    gid = next(line.split()[1:] for line in status.splitlines() if line.startswith("Gid:"))
-    assert set(uid) == {"65534"} and set(gid) == {"65534"}
-    assert Path(local.log()).stat().st_uid == 65534  # the log belongs to the job's user
-    stop = {"name": "stop", "gpuops.relaunch.train_launch": {
-        "name": "job", "state": "stopped", "state_dir": local.state_dir}}
-    assert local.play([stop]).result("stop")["changed"] is True
+    # nobody runs a copy of the demo it can read: the checkout may lie under a 0700 directory.
+    with readable_by_all(DEMO) as copies:
+        started = local.play([local.launch_task(command=local.demo(script=copies[DEMO]), user="nobody",
+                                                group="nogroup")]).result("launch")
+        assert started["changed"] is True and started["running"] is True, started
+        status = Path(f"/proc/{started['pid']}/status").read_text()
+        uid = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        gid = next(line.split()[1:] for line in status.splitlines() if line.startswith("Gid:"))
+        assert set(uid) == {"65534"} and set(gid) == {"65534"}
+        assert Path(local.log()).stat().st_uid == 65534  # the log belongs to the job's user
+        stop = {"name": "stop", "gpuops.relaunch.train_launch": {
+            "name": "job", "state": "stopped", "state_dir": local.state_dir}}
+        assert local.play([stop]).result("stop")["changed"] is True
 
 
 def test_a_start_that_cannot_work_changes_nothing(local: Target) -> None:
@@ -262,8 +265,13 @@ def test_bad_input_fails_clearly_and_starts_nothing(local: Target, read_only_dir
         "relative log path": ({"log_path": "train.log"}, "log_path:"),
         "unknown user": ({"user": "no-such-user-gpuops"}, "user: no such user"),
         "unknown group": ({"group": "no-such-group-gpuops"}, "group: no such group"),
-        "unwritable log dir": ({"log_path": str(read_only_dir / "train.log")}, "not writable"),
-        "missing log dir": ({"log_path": str(local.work / "nope" / "train.log")}, "does not exist"),
+        "unwritable log dir": ({"log_path": str(read_only_dir / "train.log")}, "is on a read-only file system"),
+        # A missing log directory is created by the start, where it can be.
+        "log dir that cannot be created": ({"log_path": str(read_only_dir / "nope" / "train.log")},
+                                           f"cannot create the log directory '{read_only_dir}/nope': {read_only_dir} "
+                                           "is on a read-only file system"),
+        "log dir under a file": ({"log_path": str(local.work / "inventory" / "logs" / "train.log")},
+                                 "inventory is not a directory"),
         "invalid regex": ({"ready_regex": "step ("}, "ready_regex:"),
         "unsafe name": ({"name": "../evil"}, "name:"),
         "remove root": ({"remove_paths": ["/tmp/.."]}, "remove_paths:"),
