@@ -720,7 +720,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        options = options_from_params(module.params, module.check_mode)
+        options = options_from_params(module.params)
     except OptionsInvalid as exc:
         module.fail_json(changed=False, **exc.as_result())
     try:

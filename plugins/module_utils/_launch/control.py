@@ -13,7 +13,6 @@ never proved itself for a running one) and the task fails with the exit status a
 from __future__ import annotations
 
 import grp
-import os
 import pwd
 import shutil
 import sys
@@ -45,10 +44,17 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident i
     thread_evidence,
     write_incident,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import failed_log_name, rotate, rotation_plan, tail
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import (
+    create_log,
+    failed_log_name,
+    rotate,
+    rotation_plan,
+    set_aside,
+    tail,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords, new_run_id
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import DEFAULT_PATH, LaunchOptions
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import DEFAULT_PATH, LaunchOptions, preflight_start
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
     FAILED_START_FILE,
     IDLE_FILE,
@@ -56,7 +62,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor
     RUN_MARK,
     SUPERVISOR_MARK,
     install_supervisor,
-    open_regular,
     process_starttime,
     run_mark,
     spawn_detached,
@@ -71,6 +76,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
     supervisor_alive,
     wake_idle_supervisor,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import SENT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
@@ -195,14 +202,12 @@ class SystemdBackend:
     def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
         script = install_supervisor(self.records.job_dir)
         self.records.write_launch(launch)
+        # The main process opens the log and becomes the job (supervisor.py exec): systemd never
+        # opens the log path itself.
         cmd = systemd.systemd_run_argv(
             unit=self.unit,
-            argv=launch["argv"],
-            env=dict(launch["env"], **{RUN_MARK: run_mark(self.records.job_dir, launch["run_id"])}),
-            log_path=launch["log_path"],
-            chdir=launch["chdir"],
-            user=launch["user"],
-            group=launch["group"],
+            exec_job=[self.python, "-I", script, "exec", self.records.job_dir, launch["run_id"]],
+            mark={RUN_MARK: run_mark(self.records.job_dir, launch["run_id"])},
             term_timeout=options.term_timeout,
             record_exit=[self.python, "-I", script, "record-exit", self.records.job_dir, launch["run_id"]],
             description=f"gpuops.relaunch job {options.name} (spec {launch['spec_hash'][:12]})",
@@ -263,14 +268,18 @@ def make_backend(name: str, records: JobRecords, job_name: str, python: str) -> 
 
 
 def remove_path(path: str) -> bool:
-    """Remove a file, link or directory tree (never following a link); False if it was not there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-        return True
-    if os.path.lexists(path):
-        os.unlink(path)
-        return True
-    return False
+    """Remove a file, link or directory tree (never following a link); False if it was not there.
+
+    Its directory is walked from / (a symlink another user can change is refused) and the removal
+    happens relative to it, by descriptors all the way down (see _base/safepath.py).
+    """
+    directory, name = safepath.split(path)
+    try:
+        parent = safepath.walk(directory)
+    except FileNotFoundError:
+        return False
+    with parent:
+        return safepath.remove_at(parent.fd, name)
 
 
 def _run_fields(run: dict | None) -> dict[str, Any]:
@@ -314,6 +323,7 @@ class LaunchController:
             "state_dir": self.options.job_dir,
         }
         self.found = HealthReport(Health.MISSING, "not judged yet")
+        self.preflight_passed = False
 
     def apply(self) -> dict[str, Any]:
         begun = time.monotonic()
@@ -328,6 +338,9 @@ class LaunchController:
     def _apply(self) -> dict[str, Any]:
         # state=health only reads (and notes progress where the job's directory exists already).
         if not self.check_mode and self.options.state != "health":
+            if self.options.state in ("started", "restarted") and not self.records.is_real_dir():
+                # No record of any run, so only a start can follow: one that cannot work creates nothing.
+                self._preflight()
             self.records.ensure_dir()
             # Long enough for another task to stop the job and prove a new start.
             self.records.lock(self.options.term_timeout + KILL_WAIT + self.options.startup_timeout + 60)
@@ -534,6 +547,8 @@ class LaunchController:
             result["running"] = status.running
             result["log_tail"] = tail(result.get("log_path"), options.log_tail_lines)
             raise LaunchError(refusal, result)
+        result["running"] = status.running
+        self._preflight()
         result["changed"] = True
         if self.check_mode:
             result["resumed"] = resume
@@ -544,7 +559,7 @@ class LaunchController:
                 backend=backend_name,
                 spec_hash=spec.spec_hash,
                 rotated_log=failed_log or (plan[-1][1] if plan else None),
-                removed_paths=[path for path in options.remove_paths if os.path.lexists(path)],
+                removed_paths=[path for path in options.remove_paths if safepath.lexists(path)],
                 msg=f"would {action} the job with backend {backend_name}" + self._why_relaunch(relaunch, resume),
             )
             for key in ("pid", "pgid", "starttime", "started_at", "run_id", "supervisor_pid", "unit"):
@@ -567,6 +582,21 @@ class LaunchController:
         result["removed_paths"] = [path for path in options.remove_paths if remove_path(path)]
         result["resumed"] = resume
         return self._launch(backend_name, action, resume)
+
+    def _preflight(self) -> None:
+        """Everything the start needs (spec.preflight_start), before anything is stopped, rotated or created.
+
+        The probe (check mode) fails here too, so a relaunch it lets through does not stop a healthy
+        job and then fail.
+        """
+        if self.preflight_passed:
+            return
+        try:
+            preflight_start(self.options)
+        except OptionsInvalid as exc:
+            self.result["option_problems"] = exc.as_result()["option_problems"]
+            raise LaunchError(str(exc), self.result) from None
+        self.preflight_passed = True
 
     def _why_relaunch(self, relaunch: bool, resume: bool) -> str:
         if not relaunch:
@@ -632,7 +662,7 @@ class LaunchController:
         launched = self.records.read(LAUNCH_FILE)
         log_path = self.options.log_path
         if (failed and launched and failed.get("run_id") == launched.get("run_id")
-                and failed.get("log_path") == log_path and os.path.lexists(log_path)):
+                and failed.get("log_path") == log_path and safepath.lexists(log_path)):
             return failed_log_name(log_path)
         return None
 
@@ -641,29 +671,22 @@ class LaunchController:
         failed_log = self._failed_start_log()
         if failed_log is None:
             return rotate(self.options.log_path, self.options.keep_logs)
-        os.rename(self.options.log_path, failed_log)
+        set_aside(self.options.log_path, failed_log)
         return failed_log
 
     def _create_log(self, user: str | None, group: str | None) -> None:
-        """Create (or append to) the log as a regular file, and give it to the job's user.
+        """Create (or append to) the log as a regular file of its own, and give it to the job's user.
 
-        Never through a symlink, never a FIFO, and never chown a file with other hard links: what
-        is chowned is exactly what was just opened.
+        Its directory is created if missing; never through a symlink, never a FIFO or a file with
+        other hard links: what is chowned is exactly what was just opened (see logs.create_log).
         """
         log_path = self.options.log_path
+        uid = pwd.getpwnam(user).pw_uid if user is not None else -1
+        gid = grp.getgrnam(group).gr_gid if group is not None else (
+            pwd.getpwnam(user).pw_gid if user is not None else -1)
         try:
-            fd = open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_MODE)
+            create_log(log_path, LOG_MODE, uid, gid)
         except OSError as exc:
-            raise LaunchError(f"log_path: cannot open {log_path} as a regular file: {exc.strerror or exc} "
-                              "(a symlink, FIFO or device there is refused)", self.result) from None
-        try:
-            if user is not None or group is not None:
-                if os.fstat(fd).st_nlink != 1:
-                    raise LaunchError(f"log_path: {log_path} has other hard links; refusing to give it "
-                                      "to the job's user", self.result)
-                uid = pwd.getpwnam(user).pw_uid if user is not None else -1
-                gid = grp.getgrnam(group).gr_gid if group is not None else (
-                    pwd.getpwnam(user).pw_gid if user is not None else -1)
-                os.fchown(fd, uid, gid)
-        finally:
-            os.close(fd)
+            raise LaunchError(f"log_path: cannot open {log_path} as a regular file of its own: "
+                              f"{exc.strerror or exc} (a symlink, FIFO, device or hard link there is refused)",
+                              self.result) from None

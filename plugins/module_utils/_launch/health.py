@@ -32,6 +32,7 @@ from typing import Any, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import describe_exit
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import open_regular
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 PROGRESS_FILE = "progress.json"
@@ -96,10 +97,12 @@ def last_progress(log_path: str | None, pattern: Pattern[str], limit: int = SCAN
             for piece in reversed(pieces[first:]):
                 start = cursor - len(piece)
                 if piece.strip():
-                    text = piece.decode("utf-8", "replace")
+                    text = piece.decode("utf-8", "surrogateescape")
                     match = pattern.search(text)
                     if match is not None:
-                        return LogProgress(True, "", size, mtime, text, _step_of(match), cursor, trailing, pos == 0)
+                        # Escaped for the result (see _base/terminal.py); the pattern saw the line as written.
+                        return LogProgress(True, "", size, mtime, escape_controls(text), escape_controls(_step_of(match)),
+                                           cursor, trailing, pos == 0)
                     trailing = True
                 cursor = start - 1
             carry = pieces[0] if first else b""

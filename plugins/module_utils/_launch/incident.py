@@ -9,7 +9,9 @@ written atomically): the health verdict, the last log lines, every thread of eve
 of the run with its state and wchan (``/proc/PID/task/*``), Python stacks from ``py-spy dump``
 where py-spy is installed (optional, bounded in time), and GPU memory per holder where a GPU query
 works. One record per run: a later task that finds the same run names the record already there.
-The newest ``keep_logs`` records are kept, like logs.
+The newest ``keep_logs`` records are kept, like logs. The directory is walked from / and used by
+its descriptor (``_base/safepath.py``); the log lines, command lines and names quoted in a record
+are escaped (``_base/terminal.py``): an operator reads the record in a terminal.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import stat
 import subprocess
 import time
 from typing import Any, Callable, Iterable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import write_json_atomic
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line, escape_controls
 
 INCIDENT_DIR = "incidents"
 INCIDENT_DIR_MODE = 0o700
@@ -43,17 +46,18 @@ def incident_dir(job_dir: str) -> str:
     return os.path.join(job_dir, INCIDENT_DIR)
 
 
+def _names(dir_fd: int) -> list[str]:
+    """The incident record names in the directory, oldest first (the time in the name sorts them)."""
+    return sorted(name for name in os.listdir(dir_fd) if name.startswith("incident-") and name.endswith(".json"))
+
+
 def _listing(job_dir: str) -> list[str]:
-    """The incident record names, oldest first (the time in the name sorts them); [] without a real directory."""
-    directory = incident_dir(job_dir)
+    """The incident record names, oldest first; [] without a directory reached safely (never a symlink)."""
     try:
-        info = os.lstat(directory)
+        with safepath.walk(incident_dir(job_dir), listable=True) as directory:
+            return _names(directory.fd)
     except OSError:
         return []
-    if not stat.S_ISDIR(info.st_mode):
-        return []  # a symlink or a file there is never read through
-    return sorted(name for name in os.listdir(directory)
-                  if name.startswith("incident-") and name.endswith(".json"))
 
 
 def existing_incident(job_dir: str, run_id: str) -> str | None:
@@ -65,16 +69,10 @@ def existing_incident(job_dir: str, run_id: str) -> str | None:
 
 
 def ensure_incident_dir(job_dir: str) -> str:
-    """The incidents directory, created 0700; a symlink or file in its place is refused (OSError)."""
+    """The incidents directory, created 0700; one that cannot be reached safely (a symlink) is refused (OSError)."""
     directory = incident_dir(job_dir)
-    try:
-        os.mkdir(directory, INCIDENT_DIR_MODE)
-    except FileExistsError:
-        pass
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(f"{directory} is not a directory (a symlink is refused)")
-    os.chmod(directory, INCIDENT_DIR_MODE)
+    with safepath.walk(directory, create_mode=INCIDENT_DIR_MODE, listable=True) as walked:
+        os.fchmod(walked.fd, INCIDENT_DIR_MODE)
     return directory
 
 
@@ -86,18 +84,18 @@ def incident_name(run_id: str, now: float) -> str:
 def write_incident(job_dir: str, run_id: str, record: dict[str, Any], now: float, keep: int) -> tuple[str, list[str]]:
     """Write the record atomically; return its path and the older records removed to keep `keep`."""
     directory = ensure_incident_dir(job_dir)
-    path = os.path.join(directory, incident_name(run_id, now))
-    write_json_atomic(path, record)
-    names = _listing(job_dir)
+    name = incident_name(run_id, now)
+    write_json_atomic(os.path.join(directory, name), record)
     removed = []
-    for name in names[:max(len(names) - keep, 0)]:
-        old = os.path.join(directory, name)
-        try:
-            os.unlink(old)
-            removed.append(old)
-        except FileNotFoundError:
-            pass
-    return path, removed
+    with safepath.walk(directory, listable=True) as walked:
+        names = _names(walked.fd)
+        for old in names[:max(len(names) - keep, 0)]:
+            try:
+                os.unlink(old, dir_fd=walked.fd)
+                removed.append(os.path.join(directory, old))
+            except FileNotFoundError:
+                pass
+    return os.path.join(directory, name), removed
 
 
 def thread_evidence(table: ProcessTable, pids: Iterable[int]) -> list[dict[str, Any]]:
@@ -108,13 +106,19 @@ def thread_evidence(table: ProcessTable, pids: Iterable[int]) -> list[dict[str, 
         if process is None:
             continue
         threads = table.load_threads(pid)
+        # A process names itself: its comm and command line are the job's to choose, escapes included.
         described.append({
-            "pid": pid, "ppid": process.ppid, "state": process.state, "comm": process.comm,
-            "cmdline": process.cmdline, "starttime": process.starttime,
-            "threads": [thread.as_dict() for thread in threads[:MAX_THREADS]],
+            "pid": pid, "ppid": process.ppid, "state": process.state, "comm": escape_controls(process.comm),
+            "cmdline": escape_controls(process.cmdline), "starttime": process.starttime,
+            "threads": [_escaped(thread.as_dict()) for thread in threads[:MAX_THREADS]],
             "threads_truncated": len(threads) > MAX_THREADS,
         })
     return described
+
+
+def _escaped(fields: dict[str, Any]) -> dict[str, Any]:
+    """A thread's fields with every text escaped (a thread names itself too)."""
+    return {key: escape_controls(value) if isinstance(value, str) else value for key, value in fields.items()}
 
 
 def py_spy_dumps(pids: Iterable[int], which: Callable[[str], str | None] = shutil.which,
@@ -143,9 +147,10 @@ def py_spy_dumps(pids: Iterable[int], which: Callable[[str], str | None] = shuti
         except OSError as exc:
             dumps.append({"pid": pid, "error": f"cannot run py-spy: {exc}"})
             continue
-        output = (done.stdout or b"")[:PY_SPY_OUTPUT_LIMIT].decode("utf-8", "replace")
+        # Frames name the job's own files and functions: escaped like its log lines.
+        output = "\n".join(decode_line(line) for line in (done.stdout or b"")[:PY_SPY_OUTPUT_LIMIT].split(b"\n"))
         entry: dict[str, Any] = {"pid": pid, "rc": done.returncode, "stacks": output}
         if done.returncode != 0:
-            entry["error"] = (done.stderr or b"")[:4096].decode("utf-8", "replace").strip()
+            entry["error"] = decode_line((done.stderr or b"")[:4096].strip())
         dumps.append(entry)
     return {"available": True, "executable": executable, "dumps": dumps}

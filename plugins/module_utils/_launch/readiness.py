@@ -11,12 +11,17 @@ import os
 from dataclasses import dataclass
 from typing import Pattern, Protocol
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import open_regular
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 
 
 class LogScanner:
-    """Reads a growing log from the start and finds the first line matching a pattern."""
+    """Reads a growing log from the start and finds the first line matching a pattern.
+
+    The pattern sees the line as the job wrote it; `matched_line` is the line escaped for showing
+    (see _base/terminal.py), as it goes into the result.
+    """
 
     def __init__(self, path: str, pattern: Pattern[str] | None) -> None:
         self.path = path
@@ -26,7 +31,7 @@ class LogScanner:
         self.matched_line: str | None = None
 
     def exists(self) -> bool:
-        return os.path.isfile(self.path) and not os.path.islink(self.path)
+        return safepath.regular_file_exists(self.path)
 
     def scan(self) -> str | None:
         """Read what was appended since the last call; return the first matching line, if any."""
@@ -34,7 +39,7 @@ class LogScanner:
             return self.matched_line
         try:
             # A regular file only: a FIFO here must not block the wait, a symlink not be followed.
-            with os.fdopen(open_regular(self.path, os.O_RDONLY), "rb") as handle:
+            with os.fdopen(safepath.open_regular(self.path, os.O_RDONLY), "rb") as handle:
                 handle.seek(self.offset)
                 data = handle.read()
         except OSError:
@@ -43,9 +48,9 @@ class LogScanner:
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()  # the last element is an unfinished line (or empty)
         for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
+            line = raw.decode("utf-8", "surrogateescape").rstrip("\r")
             if self.pattern.search(line):
-                self.matched_line = line
+                self.matched_line = escape_controls(line)
                 break
         return self.matched_line
 
@@ -53,9 +58,9 @@ class LogScanner:
         """At the very end, also try the unfinished last line (a job may not end it with \\n)."""
         found = self.scan()
         if found is None and self.pattern is not None and self.partial:
-            line = self.partial.decode("utf-8", "replace")
+            line = self.partial.decode("utf-8", "surrogateescape")
             if self.pattern.search(line):
-                self.matched_line = line
+                self.matched_line = escape_controls(line)
         return self.matched_line
 
 

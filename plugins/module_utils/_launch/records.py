@@ -17,15 +17,15 @@
 
 Every file is replaced atomically (write + rename); exit.json is kept until the next run ends,
 so the record of the last exit survives restarts of the supervisor and of the machine. Records are
-read only as regular files (never through a symlink, never a FIFO); a record that is not sound is
-reported in `problems` and ignored, and no record is ever taken as proof of what to signal.
+read only as regular files (never through a symlink, never a FIFO), their directory walked from /
+without following a symlink another user can change (``_base/safepath.py``); a record that is not
+sound is reported in `problems` and ignored, and no record is ever taken as proof of what to signal.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import stat
 import uuid
 from dataclasses import dataclass
 
@@ -38,6 +38,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor
     write_json_atomic,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, RecordError, leader_alive
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 
 STATE_DIR_MODE = 0o700
@@ -77,28 +78,22 @@ class JobRecords:
         return os.path.join(self.job_dir, name)
 
     def is_real_dir(self) -> bool:
-        """Whether the job's directory exists as a directory of its own (a symlink is never written through)."""
+        """Whether the job's directory exists, reached without a symlink another user can change."""
         try:
-            return stat.S_ISDIR(os.lstat(self.job_dir).st_mode)
+            safepath.walk(self.job_dir).close()
         except OSError:
             return False
+        return True
 
     def ensure_dir(self) -> None:
         """Create the job's directory (and the state_dir above it, if missing) with mode 0700.
 
-        OSError names state_dir: a file or a read-only file system there is the user's to fix.
+        Walked from / (a symlink another user can change is refused, and named). OSError names
+        state_dir: a file or a read-only file system there is the user's to fix.
         """
-        state_dir = os.path.dirname(self.job_dir)
         try:
-            if not os.path.lexists(state_dir):
-                os.makedirs(state_dir, mode=STATE_DIR_MODE)
-                os.chmod(state_dir, STATE_DIR_MODE)
-            if not os.path.isdir(state_dir):
-                raise NotADirectoryError(f"{state_dir} exists and is not a directory")
-            if os.path.islink(self.job_dir) or (os.path.lexists(self.job_dir) and not os.path.isdir(self.job_dir)):
-                raise NotADirectoryError(f"{self.job_dir} exists and is not a directory (a symlink is refused)")
-            os.makedirs(self.job_dir, mode=STATE_DIR_MODE, exist_ok=True)
-            os.chmod(self.job_dir, STATE_DIR_MODE)
+            with safepath.walk(self.job_dir, create_mode=STATE_DIR_MODE, listable=True) as job_dir:
+                os.fchmod(job_dir.fd, STATE_DIR_MODE)
         except OSError as exc:
             raise OSError(f"state_dir: cannot keep the job's records in {self.job_dir}: "
                           f"{exc.strerror or exc}") from None
@@ -146,7 +141,8 @@ class JobRecords:
 
     def remove(self, name: str) -> None:
         try:
-            os.unlink(self.path(name))
+            with safepath.walk(self.job_dir) as job_dir:
+                os.unlink(name, dir_fd=job_dir.fd)
         except FileNotFoundError:
             pass
 

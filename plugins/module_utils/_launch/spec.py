@@ -4,10 +4,14 @@
 
 Every check runs before anything is changed, and every problem names the option and what is wrong
 with it; all of them are gathered (``_base.options``), so a bad task fails once, listing each
-problem, and leaves the machine as it was. That includes
-what would only fail at the start itself - a program that is missing or not executable for the
-job's user, a NUL byte in an argument or a variable, a symlink or FIFO at log_path - because a
-start that cannot work must not first stop the running job and rotate its log.
+problem, and leaves the machine as it was. ``options_from_params`` checks what the user wrote;
+``preflight_start`` checks what a start needs from the machine - the program (as the job's user
+finds it), chdir, a log directory that exists or can be created and can be written, a log_path that
+is no symlink, FIFO or hard link, a state directory the records can be kept in, remove_paths and
+log_path reached without a symlink another user can change (see ``_base/safepath.py``), and the
+backend - because a start that cannot work must not first stop the running job and rotate its log.
+The probe (check mode) and the real start call the same ``preflight_start``, so a relaunch that
+the probe lets through does not fail after the stop for a reason the probe could have seen.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import os
 import pwd
 import re
 import shlex
+import shutil
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Pattern
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -226,21 +233,60 @@ def check_remove_paths(paths: list[str] | None) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def _check_log_path(log_path: str, check_mode: bool) -> None:
-    if os.path.islink(log_path):
+def _writable_directory(option: str, directory: str, what: str) -> None:
+    """`directory` exists and can be written, or can be created; walked without following a symlink
+    another user can change. BadOption naming the component that is in the way."""
+    try:
+        with safepath.walk(directory, stop_at_missing=True) as found:
+            why_not = safepath.why_not_writable(found.fd)
+            if why_not is None:
+                return
+            if found.missing:
+                raise BadOption(option, f"cannot create the {what} {directory!r}: {found.reached} {why_not}")
+            raise BadOption(option, f"the {what} {directory!r} {why_not}")
+    except OSError as exc:
+        raise BadOption(option, f"the {what} {directory!r} cannot be reached safely: {exc.strerror or exc}") from None
+
+
+def _check_log_path(log_path: str) -> None:
+    directory, name = os.path.split(log_path)
+    _writable_directory("log_path", directory, "log directory")
+    try:
+        with safepath.walk(directory, stop_at_missing=True) as found:
+            info = safepath.lstat_at(found.fd, name) if not found.missing else None
+    except OSError as exc:
+        raise BadOption("log_path", f"{log_path!r} cannot be reached safely: {exc.strerror or exc}") from None
+    if info is None:
+        return
+    if stat.S_ISLNK(info.st_mode):
         raise BadOption("log_path", f"{log_path!r} is a symbolic link; the log must be a regular file "
                         "(links are never followed)")
-    if os.path.lexists(log_path) and not os.path.isdir(log_path) and not os.path.isfile(log_path):
-        raise BadOption("log_path", f"{log_path!r} exists and is not a regular file (a FIFO, socket or device)")
-    directory = os.path.dirname(log_path)
-    if not os.path.isdir(directory):
-        if check_mode:
-            return  # an earlier task (say, the job_launch role's) would have created it
-        raise BadOption("log_path", f"the directory {directory!r} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise BadOption("log_path", f"the directory {directory!r} is not writable")
-    if os.path.isdir(log_path):
+    if stat.S_ISDIR(info.st_mode):
         raise BadOption("log_path", f"{log_path!r} is a directory")
+    if not stat.S_ISREG(info.st_mode):
+        raise BadOption("log_path", f"{log_path!r} exists and is not a regular file (a FIFO, socket or device)")
+    if info.st_nlink > 1:
+        raise BadOption("log_path", f"{log_path!r} has other hard links (it could be another user's file "
+                        "linked in); the log must be a file of its own")
+
+
+def _check_job_dir(job_dir: str) -> None:
+    """Where the records go: state_dir/NAME, a directory of its own that can be written or created."""
+    _writable_directory("state_dir", job_dir, "job's state directory")
+
+
+def _check_remove_path_parent(path: str) -> None:
+    """A path to remove is reached without a symlink another user can change (the removal walks it too)."""
+    try:
+        safepath.walk(os.path.dirname(path), stop_at_missing=True).close()
+    except OSError as exc:
+        raise BadOption("remove_paths", f"{path!r} cannot be reached safely: {exc.strerror or exc}") from None
+
+
+def _check_backend(backend: str) -> None:
+    if backend == "systemd" and not (systemd.systemd_is_init() and shutil.which(systemd.SYSTEMD_RUN)):
+        raise BadOption("backend", "systemd is not PID 1 here (or systemd-run is missing); "
+                        "use backend=supervisor or auto")
 
 
 def _check_user(user: str | None) -> None:
@@ -322,8 +368,7 @@ def _count(option: str, value: Any, low: int, high: int, why: str = "") -> int:
     return number
 
 
-def _job_spec(checks: OptionChecks, params: Mapping[str, Any], log_path: str | None,
-              check_mode: bool) -> JobSpec | None:
+def _job_spec(checks: OptionChecks, params: Mapping[str, Any]) -> JobSpec | None:
     """The spec of a start, or None when a problem with it was noted in `checks`."""
     state = params["state"]
     command = params.get("command")
@@ -335,24 +380,19 @@ def _job_spec(checks: OptionChecks, params: Mapping[str, Any], log_path: str | N
     if params.get("log_path") is None:
         checks.add("log_path", f"required with state={state}")
     env = checks.check(_job_env, params.get("env"))
-    chdir = checks.check(_existing_directory, "chdir", params.get("chdir"))
+    chdir = checks.check(_absolute, "chdir", params.get("chdir"))
     user, group = params.get("user"), params.get("group")
     checks.check(_check_user, user)
     checks.check(_check_group, group)
-    # The program is looked up with the options above, so only once they all passed.
-    if argv is not None and env is not None and not checks.failed("chdir", "user", "group"):
-        checks.check(resolve_program, argv[0], env.get("PATH", DEFAULT_PATH), chdir, user, group)
-    if log_path is not None:
-        checks.check(_check_log_path, log_path, check_mode)
     if checks.failed() or argv is None or env is None:
         return None
     return JobSpec(argv=argv, env=tuple(sorted(env.items())), chdir=chdir, user=user, group=group)
 
 
-def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> LaunchOptions:
+def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     """Check the module's parameters; OptionsInvalid listing every problem found.
 
-    In check mode a missing log directory is accepted: a task before this one may create it.
+    What a start needs from the machine is checked by preflight_start, right before a start.
     """
     checks = OptionChecks()
     name = checks.check(_job_name, params["name"])
@@ -361,7 +401,7 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
     log_path = checks.check(_absolute, "log_path", params.get("log_path"))
     spec = None
     if state in ("started", "restarted"):
-        spec = _job_spec(checks, params, log_path, check_mode)
+        spec = _job_spec(checks, params)
     ready_regex = checks.check(_ready_regex, params.get("ready_regex"))
     startup_timeout = checks.check(check_timeout, "startup_timeout", params["startup_timeout"])
     min_uptime = checks.check(check_timeout, "min_uptime", params["min_uptime"])
@@ -406,3 +446,30 @@ def options_from_params(params: Mapping[str, Any], check_mode: bool = False) -> 
         max_relaunches=max_relaunches,
         relaunch_window=float(relaunch_window or 3600.0),
     )
+
+
+def preflight_start(options: LaunchOptions) -> None:
+    """Whether a start of `options` can work on this machine; OptionsInvalid listing every reason not.
+
+    The one check before a start, in check mode (the probe) and for real, before anything is stopped,
+    rotated or removed. It only looks: nothing is created.
+    """
+    checks = OptionChecks()
+    spec = options.spec
+    if spec is None:
+        checks.add("command", f"required with state={options.state}")
+        checks.raise_if_any()
+    checks.check(_check_backend, options.backend)
+    chdir = checks.check(_existing_directory, "chdir", spec.chdir)
+    # The program is looked up from chdir, so only once that passed.
+    if not checks.failed("chdir"):
+        checks.check(resolve_program, spec.argv[0], dict(spec.env).get("PATH", DEFAULT_PATH), chdir,
+                     spec.user, spec.group)
+    if options.log_path is None:
+        checks.add("log_path", f"required with state={options.state}")
+    else:
+        checks.check(_check_log_path, options.log_path)
+    checks.check(_check_job_dir, options.job_dir)
+    for path in options.remove_paths:
+        checks.check(_check_remove_path_parent, path)
+    checks.raise_if_any()

@@ -30,30 +30,45 @@ The supervisor (``python3 supervisor.py run JOB_DIR``):
   next start of the same job hands it the new run (``launch.json`` + SIGUSR1) instead of starting
   another supervisor.
 
+``python3 supervisor.py exec JOB_DIR RUN_ID`` is the systemd backend's main process: it opens the
+log as the supervisor does (walked from /, ``O_NOFOLLOW``, a regular file with one link), drops to
+the job's user and group, and becomes the job (exec: the unit's main process keeps its pid). systemd
+itself never opens the log: ``StandardOutput=append:PATH`` would have PID 1 open it by path, as root,
+after our checks, through whatever symlink the job's user put there meanwhile.
+
 ``python3 supervisor.py record-exit JOB_DIR RUN_ID`` writes ``exit.json`` from systemd's
 ``$EXIT_CODE``/``$EXIT_STATUS``/``$SERVICE_RESULT``; the systemd backend runs it as ``ExecStopPost``.
+
+Every file is reached through ``_base/safepath.py`` (a copy of which lies next to the private copy
+of this program): paths are walked from /, never through a symlink another user can change.
 """
 
 from __future__ import annotations
 
 import ctypes
 import datetime
-import fcntl
 import grp
 import json
 import os
 import pwd
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
+
+if __name__ == "__main__":
+    # The private copy, run as a program (with -I, which keeps its own directory off sys.path): the
+    # copy of safepath.py lies next to it, in the job's directory that only root may write.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import safepath  # pylint: disable=import-error
+else:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 
 PR_SET_CHILD_SUBREAPER = 36
 LAUNCH_FILE = "launch.json"
 RUN_FILE = "run.json"
 EXIT_FILE = "exit.json"
 SUPERVISOR_FILE = "supervisor.py"
+SAFEPATH_FILE = "safepath.py"
 IDLE_FILE = "idle.json"
 FAILED_START_FILE = "failed_start.json"
 STATE_FILE_MODE = 0o600
@@ -67,26 +82,9 @@ def run_mark(job_dir: str, run_id: str) -> str:
     return "%s:%s" % (job_dir, run_id)
 
 
-class NotRegularFile(OSError):
-    """A path where a regular file should be holds something else (a FIFO, a device, a directory)."""
-
-
-def open_regular(path: str, flags: int, mode: int = STATE_FILE_MODE) -> int:
-    """Open `path` only if it is a regular file reached without following a symlink at its end.
-
-    O_NONBLOCK keeps a FIFO planted there from blocking the open; fstat then proves what was
-    opened, so a check and a use can never be about two different files. The returned descriptor
-    is blocking again (for regular files the flag means nothing anyway).
-    """
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile("%s is not a regular file" % path)
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+# One implementation for the module and the supervisor program alike (see _base/safepath.py).
+NotRegularFile = safepath.NotRegularFile
+open_regular = safepath.open_regular
 
 
 def utc_now() -> str:
@@ -96,21 +94,7 @@ def utc_now() -> str:
 
 def write_json_atomic(path: str, data: dict) -> None:
     """Write `data` as JSON to `path` so a reader sees the old file or the new one, never a part."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        os.fchmod(fd, STATE_FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    safepath.write_atomic(path, json.dumps(data, sort_keys=True).encode("utf-8"), STATE_FILE_MODE)
 
 
 def _refuse_constant(name: str) -> None:
@@ -214,6 +198,33 @@ def signal_identity(pid: int, starttime: int, signum: int, proc_root: str = "/pr
         return False  # it ended meanwhile
 
 
+def job_credentials(launch: dict) -> tuple:
+    """(uid, gid, supplementary gids) the job runs with; None where it keeps ours."""
+    user = launch.get("user")
+    group = launch.get("group")
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        gid = grp.getgrnam(group).gr_gid if group is not None else entry.pw_gid
+        return entry.pw_uid, gid, sorted({g.gr_gid for g in grp.getgrall() if user in g.gr_mem} | {gid})
+    if group is not None:
+        return None, grp.getgrnam(group).gr_gid, None
+    return None, None, None
+
+
+def job_environment(launch: dict, job_dir: str) -> dict:
+    """The job's environment: launch.json's, and the run's mark that every process of the run inherits."""
+    env = dict(launch.get("env") or {})
+    env[RUN_MARK] = run_mark(job_dir, launch.get("run_id"))
+    return env
+
+
+def record_exit(job_dir: str, run_id: str, fields: dict) -> None:
+    """exit.json: how the run `run_id` ended (exit_code, exit_signal, or the error that kept it from starting)."""
+    record = {"run_id": run_id, "ended_at": utc_now(), "exit_code": None, "exit_signal": None}
+    record.update(fields)
+    write_json_atomic(os.path.join(job_dir, EXIT_FILE), record)
+
+
 def exit_fields(status: int) -> dict:
     """exit_code / exit_signal from a waitpid status."""
     if os.WIFSIGNALED(status):
@@ -249,31 +260,22 @@ class Supervisor:
             signal_identity(pid, starttime, forwarded)
 
     def record_exit(self, fields: dict) -> None:
-        record = {"run_id": self.run_id, "ended_at": utc_now(), "exit_code": None, "exit_signal": None}
-        record.update(fields)
-        write_json_atomic(os.path.join(self.job_dir, EXIT_FILE), record)
+        record_exit(self.job_dir, self.run_id, fields)
 
     def start_job(self) -> subprocess.Popen:
         launch = self.launch
-        user = launch.get("user")
-        group = launch.get("group")
+        uid, gid, extra_groups = job_credentials(launch)
         kwargs = {}
-        if user is not None:
-            entry = pwd.getpwnam(user)
-            kwargs["user"] = entry.pw_uid
-            gid = grp.getgrnam(group).gr_gid if group is not None else entry.pw_gid
+        if uid is not None:
+            kwargs["user"] = uid
+        if gid is not None:
             kwargs["group"] = gid
-            kwargs["extra_groups"] = sorted(
-                {g.gr_gid for g in grp.getgrall() if user in g.gr_mem} | {gid}
-            )
-        elif group is not None:
-            kwargs["group"] = grp.getgrnam(group).gr_gid
-        env = dict(launch.get("env") or {})
-        env[RUN_MARK] = run_mark(self.job_dir, self.run_id)
+        if extra_groups is not None:
+            kwargs["extra_groups"] = extra_groups
         return subprocess.Popen(  # pylint: disable=consider-using-with
             launch["argv"],
             cwd=launch.get("chdir"),
-            env=env,
+            env=job_environment(launch, self.job_dir),
             stdin=subprocess.DEVNULL,
             close_fds=True,
             # A group of its own: the job and every child that stays in it are found by group id.
@@ -401,7 +403,11 @@ def parent_reaps(proc_root: str = "/proc") -> bool:
 
 
 def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
-    """exit.json from the variables systemd passes to ExecStopPost."""
+    """exit.json from the variables systemd passes to ExecStopPost.
+
+    An error that ``exec`` recorded for this run (it could not become the job) is kept: it says more
+    than the exit status it ended with.
+    """
     code = environ.get("EXIT_CODE", "")
     status = environ.get("EXIT_STATUS", "")
     fields = {"exit_code": None, "exit_signal": None, "service_result": environ.get("SERVICE_RESULT")}
@@ -409,9 +415,51 @@ def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
         fields["exit_code"] = int(status)
     elif code in ("killed", "dumped") and status:
         fields["exit_signal"] = status if status.startswith("SIG") else "SIG" + status
-    write_json_atomic(
-        os.path.join(job_dir, EXIT_FILE), dict(fields, run_id=run_id, ended_at=utc_now())
-    )
+    earlier = read_json(os.path.join(job_dir, EXIT_FILE)) or {}
+    if earlier.get("run_id") == run_id and earlier.get("error"):
+        fields["error"] = earlier["error"]
+    record_exit(job_dir, run_id, fields)
+
+
+def exec_job(job_dir: str, run_id: str) -> int:
+    """Become the job of launch.json (the systemd backend's main process); returns only on failure.
+
+    The log is opened here, as root, the way the supervisor's is (see safepath: walked from /, no
+    symlink another user can change, O_NOFOLLOW, a regular file with one link), and handed to the
+    job as its stdout and stderr; then the job's groups and user are taken, and exec keeps the pid.
+    """
+    launch = read_json(os.path.join(job_dir, LAUNCH_FILE)) or {}
+    try:
+        if launch.get("run_id") != run_id:
+            raise ValueError("launch.json is not the launch of run %s" % run_id)
+        log_fd = open_regular(launch["log_path"], os.O_WRONLY | os.O_APPEND)
+        uid, gid, extra_groups = job_credentials(launch)
+        null_fd = os.open(os.devnull, os.O_RDONLY | os.O_NOFOLLOW)
+        if launch.get("chdir"):
+            os.chdir(launch["chdir"])
+    except (OSError, KeyError, ValueError) as exc:
+        why = "cannot start %r: %s" % (launch.get("argv"), exc)
+        record_exit(job_dir, run_id, {"error": why})
+        sys.stderr.write("gpuops exec: %s\n" % why)
+        return 1
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(null_fd)
+    os.close(log_fd)
+    argv = launch["argv"]
+    try:
+        if gid is not None:
+            if extra_groups is not None:
+                os.setgroups(extra_groups)
+            os.setresgid(gid, gid, gid)
+        if uid is not None:
+            os.setresuid(uid, uid, uid)
+        # The program as the job's PATH finds it (train_launch checked it as the job's user).
+        os.execvpe(argv[0], argv, job_environment(launch, job_dir))
+    except OSError as exc:
+        sys.stderr.write("gpuops exec: cannot start %r: %s\n" % (argv, exc))
+    return 127
 
 
 def main(argv: list) -> int:
@@ -421,37 +469,42 @@ def main(argv: list) -> int:
     if len(argv) >= 3 and argv[0] == "record-exit":
         record_systemd_exit(argv[1], argv[2], dict(os.environ))
         return 0
-    sys.stderr.write("usage: supervisor.py run JOB_DIR [auto|never|always] | record-exit JOB_DIR RUN_ID\n")
+    if len(argv) >= 3 and argv[0] == "exec":
+        return exec_job(argv[1], argv[2])
+    sys.stderr.write("usage: supervisor.py run JOB_DIR [auto|never|always] | exec JOB_DIR RUN_ID"
+                     " | record-exit JOB_DIR RUN_ID\n")
     return 2
 
 
 # --- used by the module ----------------------------------------------------------------------
 
 
-def supervisor_source() -> str:
-    """This file's source, wherever Ansible loaded it from (a file or the AnsiballZ zip)."""
-    loader = globals().get("__loader__")
+def module_source(module) -> str:
+    """A module's source, wherever Ansible loaded it from (a file or the AnsiballZ zip)."""
+    loader = getattr(module, "__loader__", None)
     get_source = getattr(loader, "get_source", None)
     if get_source is not None:
         try:
-            source = get_source(__name__)
+            source = get_source(module.__name__)
         except ImportError:
             source = None
         if source:
             return source
-    with open(__file__, encoding="utf-8") as handle:
+    with open(module.__file__, encoding="utf-8") as handle:
         return handle.read()
 
 
+def supervisor_source() -> str:
+    """This file's source."""
+    return module_source(sys.modules[__name__])
+
+
 def install_supervisor(job_dir: str) -> str:
-    """Write the private copy of this program into `job_dir`; return its path."""
+    """Write the private copy of this program, and of safepath.py next to it, into `job_dir`; return its path."""
+    safepath.write_atomic(os.path.join(job_dir, SAFEPATH_FILE), module_source(safepath).encode("utf-8"),
+                          STATE_FILE_MODE)
     path = os.path.join(job_dir, SUPERVISOR_FILE)
-    source = supervisor_source()
-    fd, tmp = tempfile.mkstemp(prefix=".supervisor.", dir=job_dir)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(source)
-    os.chmod(tmp, STATE_FILE_MODE)
-    os.rename(tmp, path)
+    safepath.write_atomic(path, supervisor_source().encode("utf-8"), STATE_FILE_MODE)
     return path
 
 

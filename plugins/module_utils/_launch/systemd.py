@@ -7,6 +7,13 @@ reads ``LoadState=not-found`` with ``ExecMainStatus=0`` - the same as a success.
 is recorded by the unit itself: an ``ExecStopPost=`` (run with full privileges, ``+``) hands
 systemd's ``$EXIT_CODE``/``$EXIT_STATUS``/``$SERVICE_RESULT`` to the supervisor program's
 ``record-exit`` mode, which writes ``exit.json`` atomically into the state directory.
+
+The unit's main process is the supervisor program's ``exec`` mode, which opens the log, takes the
+job's user and group, and becomes the job (see _launch/supervisor.py). The unit names no log path:
+``StandardOutput=append:PATH`` would have PID 1 open it as root, by path, after every check of ours,
+through whatever symlink the job's user put there meanwhile. Nor does it hold the job's environment
+(``systemctl show`` lets every user read a unit's ``Environment=``): that stays in launch.json
+(0600); the unit carries only the run's mark.
 """
 
 from __future__ import annotations
@@ -39,17 +46,17 @@ def quote_exec_arg(arg: str) -> str:
 
 def systemd_run_argv(
     unit: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    log_path: str,
-    chdir: str | None,
-    user: str | None,
-    group: str | None,
+    exec_job: Sequence[str],
+    mark: Mapping[str, str],
     term_timeout: float,
     record_exit: Sequence[str],
     description: str,
 ) -> list[str]:
-    """The systemd-run command line that starts the job as transient unit `unit`."""
+    """The systemd-run command line that starts the job as transient unit `unit`.
+
+    `exec_job` is the main process (the supervisor program's exec mode, which becomes the job);
+    `mark` the run's mark, so that the main process carries it before the exec too.
+    """
     cmd = [
         SYSTEMD_RUN,
         f"--unit={unit}",
@@ -59,19 +66,12 @@ def systemd_run_argv(
         "--property=KillMode=mixed",
         f"--property=TimeoutStopSec={max(term_timeout, 0.001):g}s",
         "--property=StandardInput=null",
-        f"--property=StandardOutput=append:{log_path}",
-        f"--property=StandardError=append:{log_path}",
-        f"--property=WorkingDirectory={chdir or '/'}",
         "--property=ExecStopPost=+" + " ".join(quote_exec_arg(arg) for arg in record_exit),
     ]
-    if user is not None:
-        cmd.append(f"--property=User={user}")
-    if group is not None:
-        cmd.append(f"--property=Group={group}")
-    for key, value in sorted(env.items()):
+    for key, value in sorted(mark.items()):
         cmd.append(f"--setenv={key}={value}")
     cmd.append("--")
-    cmd.extend(argv)
+    cmd.extend(exec_job)
     return cmd
 
 

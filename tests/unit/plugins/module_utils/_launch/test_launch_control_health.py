@@ -45,7 +45,7 @@ def listing(path) -> dict[str, bytes]:
 
 
 def apply(tmp_path, check_mode=False, **overrides):
-    return LaunchController(options_from_params(params(tmp_path, **overrides), check_mode), check_mode).apply()
+    return LaunchController(options_from_params(params(tmp_path, **overrides)), check_mode).apply()
 
 
 def test_crashed_and_asking_changes_nothing(tmp_path, job) -> None:

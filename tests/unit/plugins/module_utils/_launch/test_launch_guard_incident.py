@@ -66,7 +66,8 @@ def test_an_incident_directory_that_is_a_link_is_refused(tmp_path) -> None:
     elsewhere.mkdir()
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "incidents").symlink_to(elsewhere)
-    with pytest.raises(NotADirectoryError):
+    os.lchown(tmp_path / "job" / "incidents", 65534, 65534)  # a link another user than root could plant
+    with pytest.raises(OSError, match="incidents is a symbolic link that a user other than root can change"):
         write_incident(str(tmp_path / "job"), "r", {}, 1.0, keep=5)
     assert existing_incident(str(tmp_path / "job"), "r") is None
     assert not os.listdir(elsewhere)

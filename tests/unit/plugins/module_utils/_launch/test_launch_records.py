@@ -15,6 +15,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor
     run_mark,
 )
 
+NOBODY = 65534
+
 
 def test_state_dirs_are_private_and_the_lock_has_a_deadline(tmp_path) -> None:
     first = JobRecords(str(tmp_path / "state" / "job"))
@@ -33,7 +35,8 @@ def test_a_state_dir_that_is_a_file_or_a_link_is_named(tmp_path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "elsewhere").mkdir()
     os.symlink(tmp_path / "elsewhere", tmp_path / "state" / "job")
-    with pytest.raises(OSError, match="^state_dir: .*symlink is refused"):
+    os.lchown(tmp_path / "state" / "job", NOBODY, NOBODY)  # planted by another user than root
+    with pytest.raises(OSError, match="^state_dir: .*/state/job is a symbolic link that a user other than root can change"):
         JobRecords(str(tmp_path / "state" / "job")).ensure_dir()
     assert not list((tmp_path / "elsewhere").iterdir())
 
@@ -114,6 +117,10 @@ def test_is_real_dir_is_false_for_a_symlink_to_a_directory(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
+    os.lchown(tmp_path / "link", NOBODY, NOBODY)
     assert JobRecords(str(real)).is_real_dir() is True
     assert JobRecords(str(tmp_path / "link")).is_real_dir() is False
+    # A link only root can change (root's, in a directory only root may write) is the system's own.
+    (tmp_path / "root-link").symlink_to(real)
+    assert JobRecords(str(tmp_path / "root-link")).is_real_dir() is True
     assert JobRecords(str(tmp_path / "missing")).is_real_dir() is False

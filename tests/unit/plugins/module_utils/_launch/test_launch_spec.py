@@ -1,4 +1,4 @@
-"""_launch/spec.py: the spec hash and the checks on user input."""
+"""_launch/spec.py: the spec hash, the checks on user input, and the preflight of a start."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec impor
     JobSpec,
     check_remove_paths,
     options_from_params,
+    preflight_start,
 )
 
 
@@ -23,6 +24,13 @@ def params(tmp_path, **overrides):
     }
     base.update(overrides)
     return base
+
+
+def checked(parameters):
+    """The options, after the preflight a start runs (in check mode and for real alike)."""
+    options = options_from_params(parameters)
+    preflight_start(options)
+    return options
 
 
 def test_hash_is_stable_and_sees_every_part() -> None:
@@ -68,7 +76,7 @@ def test_job_environment_is_clean_plus_env(tmp_path) -> None:
         ({"command": None}, "command: required with state=started"),
         ({"log_path": None}, "log_path: required"),
         ({"log_path": "rel/train.log"}, "log_path: 'rel/train.log' is not an absolute path"),
-        ({"log_path": "/nonexistent-dir-gpuops/train.log"}, "does not exist"),
+        ({"log_path": "/dev/null/logs/train.log"}, "log_path: the log directory '/dev/null/logs' cannot be reached safely: /dev/null is not a directory"),
         ({"state_dir": "state"}, "state_dir:"),
         ({"chdir": "/nonexistent-dir-gpuops"}, "chdir:"),
         ({"user": "no-such-user-gpuops"}, "user: no such user"),
@@ -96,15 +104,43 @@ def test_job_environment_is_clean_plus_env(tmp_path) -> None:
 )
 def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:
     with pytest.raises(OptionsInvalid) as caught:
-        options_from_params(params(tmp_path, **overrides))
+        checked(params(tmp_path, **overrides))
     assert message in str(caught.value)
 
 
-def test_check_mode_accepts_a_log_directory_an_earlier_task_would_create(tmp_path) -> None:
-    later = params(tmp_path, log_path=str(tmp_path / "logs" / "train.log"))
-    assert options_from_params(later, check_mode=True).log_path == str(tmp_path / "logs" / "train.log")
-    with pytest.raises(OptionsInvalid, match="does not exist"):
-        options_from_params(later)
+def test_a_log_directory_that_can_be_created_is_accepted(tmp_path) -> None:
+    # The start creates it, so the probe and the start agree: both accept it.
+    later = params(tmp_path, log_path=str(tmp_path / "logs" / "deeper" / "train.log"))
+    assert checked(later).log_path == str(tmp_path / "logs" / "deeper" / "train.log")
+    assert not (tmp_path / "logs").exists()  # the preflight only looks
+
+
+def test_a_log_directory_that_cannot_be_created_names_what_is_in_the_way(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OptionsInvalid, match=r"^log_path: the log directory '.*/file/logs' cannot be reached "
+                                             r"safely: .*/file is not a directory"):
+        checked(params(tmp_path, log_path=str(tmp_path / "file" / "logs" / "train.log")))
+
+
+def test_a_state_dir_that_cannot_hold_the_records_is_refused_before_a_start(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OptionsInvalid, match=r"^state_dir: .*/file is not a directory"):
+        checked(params(tmp_path, state_dir=str(tmp_path / "file" / "state")))
+
+
+def test_a_log_with_another_hard_link_is_refused(tmp_path) -> None:
+    (tmp_path / "other").write_text("someone else's")
+    os.link(tmp_path / "other", tmp_path / "train.log")
+    with pytest.raises(OptionsInvalid, match="^log_path: .*has other hard links"):
+        checked(params(tmp_path))
+
+
+def test_a_running_job_is_not_asked_for_what_only_a_start_needs(tmp_path) -> None:
+    # options_from_params checks what the user wrote; the machine is the preflight's (run only
+    # before a start), so a job found running with this spec is reported as such.
+    options = options_from_params(params(tmp_path, command=["no-such-program-gpuops"]))
+    with pytest.raises(OptionsInvalid, match="^command: 'no-such-program-gpuops'"):
+        preflight_start(options)
 
 
 def test_the_program_is_resolved_as_the_jobs_user(tmp_path) -> None:
@@ -112,11 +148,11 @@ def test_the_program_is_resolved_as_the_jobs_user(tmp_path) -> None:
     script.write_text("#!/bin/sh\n")
     script.chmod(0o700)  # root may run it; nobody may not
     tmp_path.chmod(0o755)
-    assert options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path))).spec.argv[0] == "./train.sh"
+    assert checked(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path))).spec.argv[0] == "./train.sh"
     with pytest.raises(OptionsInvalid, match="command: './train.sh' is not an executable file in .* for user nobody"):
-        options_from_params(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path), user="nobody"))
+        checked(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path), user="nobody"))
     script.chmod(0o755)
-    assert options_from_params(params(tmp_path, command=[str(script)], user="nobody")).spec.user == "nobody"
+    assert checked(params(tmp_path, command=[str(script)], user="nobody")).spec.user == "nobody"
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])
@@ -128,13 +164,13 @@ def test_a_symlink_or_fifo_at_log_path_is_refused(tmp_path, kind) -> None:
     else:
         os.mkfifo(log)
     with pytest.raises(OptionsInvalid, match="^log_path: .*(symbolic link|not a regular file)"):
-        options_from_params(params(tmp_path))
+        checked(params(tmp_path))
 
 
 def test_log_path_that_is_a_directory(tmp_path) -> None:
     (tmp_path / "train.log").mkdir()
     with pytest.raises(OptionsInvalid, match="is a directory"):
-        options_from_params(params(tmp_path))
+        checked(params(tmp_path))
 
 
 def test_stopped_needs_no_command(tmp_path) -> None:
@@ -164,7 +200,7 @@ def test_every_problem_is_reported_at_once_naming_each_option(tmp_path) -> None:
 def test_the_program_is_looked_up_only_with_the_options_it_needs_sound(tmp_path) -> None:
     # Looking up a program for a user that does not exist would only repeat that problem.
     with pytest.raises(OptionsInvalid) as caught:
-        options_from_params(params(tmp_path, command=["no-such-program-gpuops"], user="no-such-user-gpuops"))
+        checked(params(tmp_path, command=["no-such-program-gpuops"], user="no-such-user-gpuops"))
     assert caught.value.options == ["user"]
 
 
@@ -176,5 +212,5 @@ def test_an_internal_error_is_not_reported_as_a_bad_option(tmp_path, monkeypatch
 
     monkeypatch.setattr(spec, "resolve_program", broken)
     with pytest.raises(ValueError, match="a bug") as caught:
-        options_from_params(params(tmp_path))
+        checked(params(tmp_path))
     assert not isinstance(caught.value, BadOption)

@@ -15,12 +15,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.systemd im
 def build(**overrides):
     args = {
         "unit": unit_name("llm"),
-        "argv": ["/usr/bin/python3", "/w/train.py", "--lr", "1e-4"],
-        "env": {"HOME": "/root", "CUDA_VISIBLE_DEVICES": "0,1"},
-        "log_path": "/w/train.log",
-        "chdir": "/w",
-        "user": None,
-        "group": None,
+        "exec_job": ["/usr/bin/python3", "-I", "/var/lib/gpuops/llm/supervisor.py", "exec", "/var/lib/gpuops/llm", "abc"],
+        "mark": {"GPUOPS_RELAUNCH_RUN": "/var/lib/gpuops/llm:abc"},
         "term_timeout": 30,
         "record_exit": ["/usr/bin/python3", "/var/lib/gpuops/llm/supervisor.py", "record-exit",
                         "/var/lib/gpuops/llm", "abc"],
@@ -37,12 +33,20 @@ def test_unit_properties() -> None:
     assert "--property=KillMode=mixed" in cmd
     assert "--property=TimeoutStopSec=30s" in cmd
     assert "--property=StandardInput=null" in cmd
-    assert "--property=StandardOutput=append:/w/train.log" in cmd
-    assert "--property=StandardError=append:/w/train.log" in cmd
-    assert "--property=WorkingDirectory=/w" in cmd
-    assert "--setenv=CUDA_VISIBLE_DEVICES=0,1" in cmd
-    assert cmd[cmd.index("--") + 1:] == ["/usr/bin/python3", "/w/train.py", "--lr", "1e-4"]
-    assert not any(arg.startswith("--property=User=") for arg in cmd)
+    assert "--setenv=GPUOPS_RELAUNCH_RUN=/var/lib/gpuops/llm:abc" in cmd
+    # The main process is the supervisor program's exec mode, which opens the log and becomes the job.
+    assert cmd[cmd.index("--") + 1:] == ["/usr/bin/python3", "-I", "/var/lib/gpuops/llm/supervisor.py", "exec",
+                                         "/var/lib/gpuops/llm", "abc"]
+
+
+def test_systemd_never_opens_the_log_and_never_holds_the_environment() -> None:
+    # StandardOutput=append:PATH has PID 1 open the path as root after our checks (a symlink the
+    # job's user swapped in meanwhile is followed); Environment= is readable by every user.
+    cmd = build()
+    assert not [arg for arg in cmd if arg.startswith(("--property=StandardOutput", "--property=StandardError"))]
+    assert not [arg for arg in cmd if arg.startswith(("--property=User=", "--property=Group=",
+                                                      "--property=WorkingDirectory="))]
+    assert [arg for arg in cmd if arg.startswith("--setenv=")] == ["--setenv=GPUOPS_RELAUNCH_RUN=/var/lib/gpuops/llm:abc"]
 
 
 def test_exit_status_is_recorded_by_a_privileged_exec_stop_post() -> None:
@@ -50,12 +54,6 @@ def test_exit_status_is_recorded_by_a_privileged_exec_stop_post() -> None:
     (stop_post,) = [arg for arg in build() if arg.startswith("--property=ExecStopPost=")]
     assert stop_post == ('--property=ExecStopPost=+"/usr/bin/python3" "/var/lib/gpuops/llm/supervisor.py" '
                          '"record-exit" "/var/lib/gpuops/llm" "abc"')
-
-
-def test_user_group_and_default_directory() -> None:
-    cmd = build(user="trainer", group="gpu", chdir=None)
-    assert "--property=User=trainer" in cmd and "--property=Group=gpu" in cmd
-    assert "--property=WorkingDirectory=/" in cmd
 
 
 def test_exec_quoting_escapes_specifiers_and_variables() -> None:

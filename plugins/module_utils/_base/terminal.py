@@ -1,0 +1,39 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Terminals obey bytes: a job's log line is escaped before it reaches a result or a message.
+
+A log can carry what a terminal takes as commands: OSC (``ESC ] 0 ; title BEL`` sets the window
+title, OSC 52 writes the clipboard), CSI (``ESC [ 2 J`` clears the screen, colours, cursor moves;
+C1's single-byte ``U+009B`` is CSI too), BEL, backspace and carriage return that overwrite what the
+operator reads. A result is shown by Ansible's callbacks, AWX, ``jq`` and ``less -R`` alike, and a
+message is printed as it is: so every log line that leaves a module goes through ``escape_controls``
+once, where it is read, and a control character reaches the operator as visible text (``\\x1b``).
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 but tab, DEL, C1 (U+0080-U+009F), and surrogates: a byte that is not UTF-8, decoded with
+# surrogateescape, is the lone surrogate U+DC80-U+DCFF, which no JSON encoder should see either.
+_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _visible(match: re.Match) -> str:
+    code = ord(match.group(0))
+    if 0xDC80 <= code <= 0xDCFF:
+        return "\\x%02x" % (code - 0xDC00)  # the undecodable byte itself
+    if code > 0xFF:
+        return "\\u%04x" % code
+    return "\\x%02x" % code
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character but tab (C0, DEL, C1) and every lone surrogate written as
+    a visible escape: ``\\x1b``, ``\\x9b``, ``\\x07``, ``\\xff`` for an undecodable byte 0xff."""
+    return _CONTROLS.sub(_visible, text)
+
+
+def decode_line(raw: bytes) -> str:
+    """A log line as text that is safe to show: UTF-8 where it is, each other byte as ``\\xNN``."""
+    return escape_controls(raw.decode("utf-8", "surrogateescape"))
