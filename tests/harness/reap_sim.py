@@ -38,12 +38,14 @@ class SimProcess:
     reaps: bool = True           # reaps its children when they exit / on SIGCHLD
     stuck: bool = False          # in uninterruptible sleep until woken: fatal signals stay pending
     pending_kill: bool = False
+    exe: str = ""                # /proc/PID/exe: what the kernel executed ("" unknown)
 
     def as_process(self) -> Process:
         process = Process(
             pid=self.pid, starttime=self.starttime, ppid=self.ppid, pgid=self.pgid or self.pid,
             sid=self.pgid or self.pid, state=self.state, comm=self.comm, threads=self.threads,
             is_kernel_thread=self.kernel, cmdline="" if self.state == "Z" else self.cmdline,
+            exe="" if self.state == "Z" and self.threads <= 1 else self.exe,
         )
         process.task_list = self.task_list()
         return process

@@ -94,3 +94,23 @@ class OptionChecks:
         """OptionsInvalid with every problem noted, if there is one."""
         if self.problems:
             raise OptionsInvalid(self.problems)
+
+
+def string_list(option: str, value: Any) -> list[str]:
+    """`value` of a list-of-strings option declared ``type: raw``: a string is a list of one.
+
+    Ansible's own list type splits a string on commas, which cuts a regular expression such as
+    ``train_\\d{1,3}\\.py`` in two. Numbers become their text (YAML reads ``123`` as one); anything
+    else (a mapping, a nested list, a boolean) is a BadOption naming the option.
+    """
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise BadOption(option, f"must be a string or a list of strings, got {type(value).__name__}")
+    strings: list[str] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise BadOption(option, f"must be a string or a list of strings, got the element {item!r} ({type(item).__name__})")
+        strings.append(item if isinstance(item, str) else str(item))
+    return strings

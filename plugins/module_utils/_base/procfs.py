@@ -113,6 +113,8 @@ class Process:
     cmdline: str = ""
     uid: int | None = None
     task_list: list[Thread] = field(default_factory=list)
+    # The target of /proc/PID/exe as read (None: not read yet, "": unreadable); see ProcessTable.executable.
+    exe: str | None = None
 
     @property
     def is_zombie(self) -> bool:
@@ -172,13 +174,45 @@ class ProcessTable:
         return process.task_list
 
     def load_uid(self, pid: int) -> int | None:
+        """The real uid of `pid` (read once), from the ``Uid:`` line of its ``status``; None if unreadable.
+
+        Not the owner of /proc/PID: a process that makes itself non-dumpable
+        (``prctl(PR_SET_DUMPABLE, 0)``) gets a /proc directory owned by root.
+        """
         process = self.processes[pid]
         if process.uid is None:
-            try:
-                process.uid = os.stat(f"{self.proc_root}/{pid}").st_uid
-            except OSError:
-                process.uid = None
+            process.uid = _status_uid(read_small(f"{self.proc_root}/{pid}/status"))
         return process.uid
+
+    def argv(self, pid: int) -> list[str]:
+        """The arguments of `pid` one by one (the snapshot's cmdline joins them with spaces, so an
+        argument holding a space cannot be told apart there). Read again from /proc; where that
+        fails or no longer agrees with the snapshot, the snapshot's words."""
+        process = self.processes[pid]
+        raw = read_small(f"{self.proc_root}/{pid}/cmdline")
+        if raw:
+            args = [arg.decode("utf-8", "replace") for arg in raw.rstrip(b"\0").split(b"\0")]
+            if " ".join(args) == process.cmdline:
+                return args
+        return process.cmdline.split(" ") if process.cmdline else []
+
+    def executable(self, pid: int) -> str:
+        """The program `pid` runs, as the kernel knows it (``/proc/PID/exe``, read once); "" when unknown.
+
+        A process chooses its arguments and its comm, but not this: it is the file the kernel
+        executed. A zombie leader whose threads run on (``Zl``) has no ``exe`` of its own any more;
+        a live thread's is read instead. Kernel threads and plain zombies have none; neither has a
+        process of another user to a caller without the right to trace it. A binary deleted since it
+        started ends in " (deleted)" (see :func:`program_path`).
+        """
+        process = self.processes[pid]
+        if process.exe is None:
+            base = f"{self.proc_root}/{pid}"
+            if process.is_zombie and process.threads > 1:
+                live = [t for t in self.load_threads(pid) if t.state not in ("Z", "X")]
+                base = f"{base}/task/{live[0].tid}" if live else ""
+            process.exe = "" if process.is_kernel_thread or not base else _readlink(f"{base}/exe")
+        return process.exe
 
     # --- structure ---------------------------------------------------------------------------
 
@@ -284,6 +318,34 @@ def read_process(proc_root: str, pid: int) -> Process | None:
         if cmdline:
             process.cmdline = cmdline.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     return process
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _status_uid(raw: bytes | None) -> int | None:
+    """The real uid of a ``status`` file's ``Uid:`` line (real, effective, saved, fs)."""
+    for line in (raw or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            try:
+                return int(fields[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+DELETED_SUFFIX = " (deleted)"
+
+
+def program_path(exe: str) -> str:
+    """The path of an executable as ``/proc/PID/exe`` names it, without the " (deleted)" the kernel
+    appends once the file is gone (a binary replaced by a package upgrade keeps running)."""
+    return exe[: -len(DELETED_SUFFIX)] if exe.endswith(DELETED_SUFFIX) else exe
 
 
 def read_environ_value(proc_root: str, pid: int, name: str) -> str | None:

@@ -369,7 +369,7 @@ def _why_spared(
     why = protection.reason(pid)
     if why is not None:
         return PROTECTED, why
-    if is_ansible_process(process) or (spare_group is not None and process.pgid == spare_group):
+    if is_ansible_process(process, holder.exe) or (spare_group is not None and process.pgid == spare_group):
         return ANSIBLE, "runs Ansible, or is in the process group of the Ansible process running this module"
     for rx in options.allow:
         if rx.search(process.cmdline) or (holder.exe and rx.search(holder.exe)):

@@ -106,7 +106,8 @@ def test_every_bad_option_is_named_at_once():
 def test_the_default_protected_list_always_applies_and_protected_adds_to_it():
     options = options_from_params(params(protected=[r"\bmy-agent\b"]))
     patterns = [rx.pattern for rx in options.protected]
-    assert r"\bsshd\b" in patterns and patterns[-1] == r"\bmy-agent\b"
+    # The built-in protection judges executables (selection.PROTECTED_PROGRAMS); protected adds patterns.
+    assert patterns == [r"\bmy-agent\b"]
 
 
 # --- who is spared ------------------------------------------------------------------------------
@@ -171,9 +172,10 @@ def test_plan_ends_unlisted_holders_and_spares_by_policy_with_reasons(proc, gpu_
     proc.add(101, "python3", ppid=100, cmdline=["python3", "AnsiballZ_gpu_reclaim.py"])  # the module itself
     proc.add(200, "python3", cmdline=["python3", "/ci/job/train.py"])         # a leftover: the target
     proc.add(201, "dcgm-exporter", cmdline=["/usr/bin/dcgm-exporter"])        # allow-listed
-    proc.add(202, "containerd", cmdline=["/usr/bin/containerd"])              # default protected
+    proc.add(202, "containerd", cmdline=["/usr/bin/containerd"], exe="/usr/bin/containerd")  # a protected program
     proc.add(203, "python3", state="Z", cmdline=[])                           # a plain zombie
-    proc.add(204, "ansible-playboo", cmdline=["/venv/bin/python", "/venv/bin/ansible-playbook", "x.yml"])
+    proc.add(204, "ansible-playboo", cmdline=["/venv/bin/python", "/venv/bin/ansible-playbook", "x.yml"],
+             exe="/usr/bin/python3.11")
     proc.add(205, "python3", pgid=77, cmdline=["python3", "helper.py"])       # in the module's process group
     holding(proc, gpu_file, 200)
     gpus = [device(0, {1: 10, 100: 10, 101: 10, 200: 4096, 201: 80, 202: 10, 203: 512, 204: 10, 205: 10, 999: 64})]

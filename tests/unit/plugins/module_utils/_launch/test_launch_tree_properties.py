@@ -122,9 +122,14 @@ class RecordingKernel(ProcessControl):
         raise AssertionError("the pidfd path is the one under test")
 
 
+# What the kernel executed for each comm (/proc/PID/exe): protection judges sshd and systemd by it.
+EXECUTABLES = {"sshd": "/usr/sbin/sshd", "systemd": "/usr/lib/systemd/systemd"}
+
+
 def write(fake: FakeProc, spec: Spec) -> None:
     directory = fake.add(spec.pid, spec.comm, state="Z" if spec.zombie else "S", ppid=spec.ppid, pgid=spec.pgid,
-                         starttime=spec.starttime, cmdline=[] if spec.zombie else [spec.comm, "--x"])
+                         starttime=spec.starttime, cmdline=[] if spec.zombie else [spec.comm, "--x"],
+                         exe=None if spec.zombie else EXECUTABLES.get(spec.comm, f"/usr/bin/{spec.comm}"))
     env = [] if spec.zombie else ["PATH=/usr/bin"]
     if spec.mark is not None and not spec.zombie:
         env.append(f"{RUN_MARK}={spec.mark}")
@@ -152,7 +157,7 @@ def members_by_rule(specs: dict[int, Spec], record: dict) -> set[int]:
 
 
 def proven_members(specs: dict[int, Spec], record: dict) -> set[tuple[int, int]]:
-    """The members by the rule, never PID 1, this process's group, or what the default protected patterns name."""
+    """The members by the rule, never PID 1, this process's group, or a protected program (sshd, systemd)."""
     return {
         (pid, specs[pid].starttime) for pid in members_by_rule(specs, record)
         if pid != 1 and specs[pid].pgid != os.getpgrp() and specs[pid].comm not in ("sshd", "systemd")

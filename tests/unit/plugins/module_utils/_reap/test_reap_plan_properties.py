@@ -2,7 +2,8 @@
 executor signals only identities the plan printed — never a pid that was reused meanwhile.
 
 Forests hold protected processes (sshd, systemd, the module and its ancestors, kernel threads),
-look-alike command lines (train_eval.py, the same script in another directory), process groups
+processes whose command line claims to be one of them while their executable is something else
+(and the other way round), look-alike command lines (train_eval.py, the same script in another directory), process groups
 shared between the job and others, zombies and zombie leaders at every depth, parents outside the
 namespace, and pids recycled between the snapshot and the signal (or while the gate pins them).
 
@@ -77,7 +78,21 @@ MATCHES = [
     [r"torch\.distributed"],
     [],
 ]
-PROTECTED = [list(DEFAULT_PROTECTED), [], [r"\bbash\b"], list(DEFAULT_PROTECTED) + [r"train_eval", r"^pt_"]]
+PROTECTED = [list(DEFAULT_PROTECTED), [], [r"\bbash\b"], list(DEFAULT_PROTECTED) + [r"train_eval", r"^pt_"], [r"\bsshd\b"]]
+# /proc/PID/exe, drawn independently of the command line: what the kernel executed, whatever the
+# process says about itself. "" is unreadable (another user's process).
+EXECUTABLES = ["/usr/bin/python3.11", "/usr/sbin/sshd", "/usr/lib/systemd/systemd-logind", "/usr/bin/bash",
+               "/home/ops/bin/sshd", "/usr/bin/lxc-start (deleted)", "/opt/venv/bin/python3", ""]
+# The protected programs and where they must lie (the documentation of the `protected` option).
+PROTECTED_NAMES = {"sshd", "sshd-session", "sshd-auth", "init", "systemd", "containerd", "dockerd", "runc", "crun",
+                   "conmon", "lxcfs", "lxc-start", "lxc-monitord", "pve-lxc-syscalld", "pmxcfs"}
+SYSTEM_DIRS = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/")
+
+
+def runs_protected_program(exe: str) -> bool:
+    path = exe.removesuffix(" (deleted)")
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith(SYSTEM_DIRS) and (name in PROTECTED_NAMES or name.startswith(("systemd-", "containerd-shim")))
 
 
 def _field(bits: int, shift: int, size: int) -> int:
@@ -119,6 +134,7 @@ def forests(draw):
             ignores_term=bool(_field(bits, 42, 2)),
             reaps=not _field(bits, 43, 2),
             stuck=state == "D" or (zombie and threads > 1 and bool(_field(bits, 44, 2))),
+            exe=EXECUTABLES[_field(bits, 45, len(EXECUTABLES))],
         ))
         placed.append(pid)
     candidates = [p for p in pids if not kernel.processes[p].kernel]
@@ -170,8 +186,15 @@ class Oracle:
         p = self.procs.get(pid)
         if pid == 1 or pid in self.module_chain or (p is not None and p.kernel):
             return True
+        if p is not None and runs_protected_program(self.exe(pid)):
+            return True
         cmdline = "" if p is None or p.state == "Z" else p.cmdline
         return p is not None and any(rx.search(cmdline) or rx.search(p.comm) for rx in self.protected_patterns)
+
+    def exe(self, pid: int) -> str:
+        """What /proc/PID/exe names: nothing for a plain zombie (its memory is gone)."""
+        p = self.procs[pid]
+        return "" if p.kernel or (p.state == "Z" and p.threads <= 1) else p.exe
 
     def exited(self, pid: int) -> bool:
         p = self.procs[pid]
@@ -338,11 +361,19 @@ def test_the_selection_floor_refuses_exactly_what_names_more_than_a_job(scenario
             current = oracle.procs[current].ppid
         return found
 
-    def runs_ansible(pid):
+    def names_ansible(pid):
+        # The module's own ancestors are judged by their words: nothing else can become one.
         return "AnsiballZ_" in cmdline(pid) or cmdline(pid) == CONTROLLER
 
+    def runs_ansible(pid):
+        # Anything else by its executable (a python) and the program it runs, never by argv[0].
+        args = cmdline(pid).split(" ")
+        program = args[1] if len(args) > 1 else ""
+        return (oracle.exe(pid).rsplit("/", 1)[-1].startswith("python")
+                and (program.rsplit("/", 1)[-1].startswith("AnsiballZ_") or cmdline(pid) == CONTROLLER))
+
     chain = sorted(pid for pid in oracle.module_chain if pid != 1)
-    ansible_chain = {pid for pid in chain if runs_ansible(pid)}
+    ansible_chain = {pid for pid in chain if names_ansible(pid)}
     broad = [rx.pattern for rx in selector.patterns
              if rx.search("") or any(rx.search(cmdline(pid)) for pid in chain)]
     ansible_job = [pid for pid in oracle.job
