@@ -21,13 +21,18 @@ description:
     driver, which no signal and possibly no container restart clears.
   - Whether PID 1 reaps cannot be seen in one snapshot. When zombies are orphaned to PID 1, the
     module watches them for up to O(orphan_grace) seconds and reports what it saw.
-  - Never changes anything.
+  - Never changes anything, and never refuses a selection (a look is not an act). A selection that
+    M(gpuops.relaunch.zombie_reap) would refuse as naming more than a job (see O(match) and
+    O(allow_broad)) is reported in RV(ansible_facts.zombie_facts.too_broad), and the processes of
+    Ansible it takes in are left out of the job and listed in
+    RV(ansible_facts.zombie_facts.protected), so that the verdict on a job is never a verdict on
+    Ansible itself. An empty selection looks at the whole table for zombies and D-state threads
+    without a job.
+  - Processes of another train_launch job are left out of the job and listed in
+    RV(ansible_facts.zombie_facts.other_jobs) (see O(job_name)).
+  - Reads the process table once per run; the selection is judged on that same snapshot.
   - Every problem with the options is found before the process table is read and reported at once,
     each naming its option (in RV(option_problems) too).
-  - Refuses a selection that names more than a job (see O(match) and O(allow_broad)) exactly as
-    M(gpuops.relaunch.zombie_reap) does, so that the verdict on a job is never a verdict on the
-    whole machine that zombie_reap would then refuse to act on. An empty selection is not refused;
-    it looks at the whole table for zombies and D-state threads without a job.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
@@ -121,8 +126,9 @@ ansible_facts:
           description:
             - The reasons with structured fields to decide on (never decide on the wording of C(why)).
             - C(kind) is one of V(driver_sleep), C(unreaped_orphans), V(job_running), V(zombie_leaders),
-              V(zombies), V(uninterruptible), V(gpu_devices_open) or V(nothing); C(escalation) what
-              clears it; C(pids) the processes concerned.
+              V(zombies), V(uninterruptible), V(gpu_devices_open), V(nothing) or V(other_job) (processes
+              the selection named that belong to another job, left alone; escalation V(none)); C(escalation)
+              what clears it; C(pids) the processes concerned.
           type: list
           elements: dict
           sample: [{kind: job_running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]
@@ -160,10 +166,28 @@ ansible_facts:
             - {pid: 4121, starttime: 991200, ppid: 1, pgid: 4121, sid: 4121, state: S, comm: python3,
                cmdline: python3 /workspace/run/train.py, threads: 12}
         protected:
-          description: Processes that matched the job but are protected, and why.
+          description:
+            - Processes that matched the job but are protected, and why; and the processes of Ansible
+              the selection took in (left out of the job unless O(allow_broad)).
           type: list
           elements: dict
-          sample: [{pid: 612, comm: sshd, reason: "matches protected pattern '\\\\bsshd\\\\b'"}]
+          sample: [{pid: 612, comm: sshd, reason: "runs /usr/sbin/sshd, a protected program"}]
+        other_jobs:
+          description:
+            - Processes the selection named (or reached as descendants) that are proven to belong to another
+              train_launch job, left out of the job. C(proof) is V(run_mark) (the process carries that job's
+              run mark, which its run record confirms) or V(supervisor) (it is or descends from that job's
+              supervisor).
+          type: list
+          elements: dict
+          sample: [{pid: 5120, starttime: 88100, comm: python3, job_dir: /var/lib/gpuops/eval, run_id: 3f2a9c, proof: run_mark}]
+        too_broad:
+          description:
+            - Why M(gpuops.relaunch.zombie_reap) would refuse this selection as naming more than a job
+              (see O(allow_broad)), each reason naming the option and the pattern; empty when it would not.
+          type: list
+          elements: str
+          sample: ["match: '.*' matches the empty string, so it selects every process"]
         gpu_holders:
           description: Processes and threads with an open file matching O(gpu_device_glob).
           type: list
@@ -178,12 +202,6 @@ ansible_facts:
           description: How many processes the snapshot read.
           type: int
           sample: 213
-refused:
-  description: Why the selection was refused as too broad, each reason naming the option and the pattern.
-  returned: when the selection is refused
-  type: list
-  elements: str
-  sample: ["match: '.*' matches the empty string, so it selects every process"]
 option_problems:
   description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was read.
   returned: when the options were refused
@@ -197,23 +215,13 @@ option_problems:
     reason:
       description: What is wrong with the value given.
       type: str
-job:
-  description: What a refused selection would have selected.
-  returned: when the selection is refused
-  type: list
-  elements: dict
-  sample: [{pid: 4121, starttime: 991200, comm: python3}]
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN, ProcfsError
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
-    JOB_SELECTION_SPEC,
-    BroadSelectionError,
-    refuse_broad_selection,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import assess, options_from_params
 
 
@@ -233,10 +241,7 @@ def main() -> None:
     except OptionsInvalid as exc:
         module.fail_json(changed=False, **exc.as_result())
     try:
-        refuse_broad_selection(options.selector, options.protected, params["proc_root"])
         facts = assess(options, proc_root=params["proc_root"]).as_dict()
-    except BroadSelectionError as exc:
-        module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job, changed=False)
     except ProcfsError as exc:
         module.fail_json(msg=f"proc_root: {exc}", changed=False)
     module.exit_json(changed=False, ansible_facts={"zombie_facts": facts})

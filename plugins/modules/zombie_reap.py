@@ -40,13 +40,19 @@ description:
     O(allow_broad=true): a O(match) pattern that matches the empty string or the command line of
     this module's process or of its ancestors (and so every python process, every other connection,
     every other worker of the Ansible controller), and a selection that takes in a process of
-    Ansible itself (see O(allow_broad)). The refusal names the option and the pattern, in check
-    mode too, and returns in RV(job) what the selection would have taken."
+    Ansible itself (see O(allow_broad)). An Ansible program's command line is judged without the
+    module arguments and extra variables typed on it, so C(ansible localhost -m
+    gpuops.relaunch.zombie_reap -a 'match=train') is not refused for its own words. The refusal
+    names the option and the pattern, in check mode too, and returns in RV(job) what the selection
+    would have taken. It is judged on the one snapshot of the process table the plan is made from."
+  - "Processes of another train_launch job are never part of the job (see O(job_name)): they are
+    listed in RV(other_jobs) and left alone."
   - "Never signalled: PID 1 of the namespace, the process running this module and all its
-    ancestors (the Ansible connection), kernel threads, anything matching O(protected), and any
-    process that is neither the job nor the parent of a job process under the rules above. A
-    broad pattern kill is impossible by construction: there is no signal to a process group and
-    none to a pid the plan did not print."
+    ancestors (the Ansible connection), kernel threads, the protected programs (sshd, systemd, init,
+    the container runtime; judged by their executable, not by their command line, see O(protected)),
+    anything matching O(protected), and any process that is neither the job nor the parent of a job
+    process under the rules above. A broad pattern kill is impossible by construction: there is no
+    signal to a process group and none to a pid the plan did not print."
   - Each signal first pins the process with a pidfd (C(pidfd_open), Linux 5.3+) and only then checks
     its start time, so a pid that was reused by another process after the snapshot is never
     signalled (RV(actions) shows V(recycled)). Where pidfds are unavailable, the start time is
@@ -129,9 +135,7 @@ notes:
     under O(reap_parents)) went away (exited, or was reaped).
   - A job whose selection matches nothing returns C(changed=false) with a message, so a second run
     is a no-op. O(match) and O(pids) must not both be empty.
-  - The check for a too broad selection takes its own look at the process table just before the
-    plan's; O(match) patterns are judged against the command lines of this module's process and
-    its ancestors, which do not change in between.
+  - The check for a too broad selection and the first plan share one look at the process table.
   - O(proc_root) must be the process table of the PID namespace the module runs in, except in check
     mode; run the module inside the container (for example over C(pct exec)) to act there.
 seealso:
@@ -207,7 +211,16 @@ protected:
   returned: always
   type: list
   elements: dict
-  sample: [{pid: 612, comm: sshd, reason: "parent of the job's pid 4121, but matches protected pattern '\\\\bsshd\\\\b'"}]
+  sample: [{pid: 612, comm: sshd, reason: "parent of the job's pid 4121, but runs /usr/sbin/sshd, a protected program"}]
+other_jobs:
+  description:
+    - Processes the selection named (or reached as descendants) that are proven to belong to another
+      train_launch job; never signalled. C(proof) is V(run_mark) (the process carries that job's run
+      mark, which its run record confirms) or V(supervisor) (it is or descends from that job's supervisor).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 5120, starttime: 88100, comm: python3, job_dir: /var/lib/gpuops/eval, run_id: 3f2a9c, proof: run_mark}]
 missing_pids:
   description: Pids given in O(pids) that do not exist.
   returned: always
@@ -267,7 +280,8 @@ findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
     - C(kind) is one of V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
-      V(unreaped_orphans), V(unreaped_zombie) or V(holds_device); C(escalation) what clears it;
+      V(unreaped_orphans), V(unreaped_zombie), V(holds_device) or V(other_job) (processes of another job
+      the selection named, left alone; escalation V(none)); C(escalation) what clears it;
       C(pids) the processes concerned.
   returned: always
   type: list
@@ -297,11 +311,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
-    JOB_SELECTION_SPEC,
-    BroadSelectionError,
-    refuse_broad_selection,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC, BroadSelectionError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
     options_from_params,
@@ -330,7 +340,6 @@ def main() -> None:
     except OptionsInvalid as exc:
         module.fail_json(changed=False, **exc.as_result())
     try:
-        refuse_broad_selection(selector, protected, params["proc_root"])
         result = reap_job(
             selector, protected, options,
             proc_root=params["proc_root"], device_glob=params["gpu_device_glob"], check_mode=module.check_mode,

@@ -19,6 +19,7 @@ returned as ``verdict`` (deprecated).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
@@ -41,10 +42,14 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     NAMESPACE_INIT_PID,
+    FloorReview,
     JobSelector,
     Protection,
     job_selection_from_params,
+    own_pid_in,
+    review_selection,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs, own_job_dir
 
 # The deprecated `verdict` words of zombie_facts, one per escalation (a name, not a ranking).
 LEGACY_VERDICT = {
@@ -72,11 +77,12 @@ def options_from_params(params: Mapping[str, Any]) -> AssessmentOptions:
     """zombie_facts' options, checked; OptionsInvalid lists every problem."""
     checks = OptionChecks()
     selector, protected = job_selection_from_params(params, checks)
+    job_dir = own_job_dir(params, checks)
     orphan_grace = checks.check(check_timeout, "orphan_grace", params["orphan_grace"], maximum=MAX_ORPHAN_GRACE)
     driver_wchan = checks.check(_wchan_pattern, params["driver_wchan"])
     checks.raise_if_any()
     return AssessmentOptions(
-        selector=selector,
+        selector=dataclasses.replace(selector, job_dir=job_dir),
         protected=protected,
         device_glob=params["gpu_device_glob"],
         driver_wchan=driver_wchan or re.compile(DEFAULT_DRIVER_WCHAN),
@@ -98,6 +104,8 @@ class Assessment(Judged):
     uninterruptible: list[dict[str, Any]] = field(default_factory=list)
     job_processes: list[dict[str, Any]] = field(default_factory=list)
     protected: list[dict[str, Any]] = field(default_factory=list)
+    other_jobs: list[dict[str, Any]] = field(default_factory=list)
+    too_broad: list[str] = field(default_factory=list)
     gpu_holders: list[dict[str, Any]] = field(default_factory=list)
     judgement: Verdict = field(default_factory=Verdict)
     missing_pids: list[int] = field(default_factory=list)
@@ -110,6 +118,8 @@ class Assessment(Judged):
             "uninterruptible": self.uninterruptible,
             "job_processes": self.job_processes,
             "protected": self.protected,
+            "other_jobs": self.other_jobs,
+            "too_broad": self.too_broad,
             "gpu_holders": self.gpu_holders,
             **self.judgement.as_dict(),
             "verdict": self.verdict,
@@ -124,11 +134,27 @@ def assess(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Assessment:
-    """Take one snapshot under `proc_root` and classify what it holds."""
+    """Take one snapshot under `proc_root` and classify what it holds.
+
+    A look never refuses: what :mod:`.executor` would refuse as too broad is reported in
+    `too_broad`, and the processes of Ansible a selection takes in are left out of the job and
+    listed with the protected ones (unless `allow_broad`, with which zombie_reap would end them).
+    """
     table = ProcessTable.scan(proc_root)
-    protection = Protection(table, options.protected)
-    named = options.selector.named(table)
-    job = options.selector.select(table, protection, named)
+    selector = options.selector
+    own = own_pid_in(proc_root)
+    protection = Protection(table, options.protected, own)
+    other_jobs = OtherJobs(table, selector.job_dir)
+    named = selector.named(table)
+    review = FloorReview()
+    if not selector.allow_broad and not selector.is_empty:
+        review = review_selection(selector, table, protection, own, other_jobs.reason, named)
+
+    def left_to_others(pid: int) -> str | None:
+        why = other_jobs.reason(pid)
+        return why if why is not None else review.relation.get(pid)
+
+    job = selector.select(table, protection, named, left_to_others)
     protected_job = {pid for pid in named if pid in protection}
 
     holders = table.device_holders(options.device_glob)
@@ -149,7 +175,12 @@ def assess(
     result.protected = [
         {"pid": pid, "comm": table.processes[pid].comm, "reason": protection.reason(pid)}
         for pid in sorted(protected_job)
+    ] + [
+        {"pid": pid, "comm": table.processes[pid].comm, "reason": f"a process of Ansible: it {why}"}
+        for pid, why in sorted(review.relation.items()) if pid not in job
     ]
+    result.other_jobs = other_jobs.report()
+    result.too_broad = review.reasons
     result.uninterruptible = _uninterruptible(table, interesting)
 
     blocking: dict[int, str] = {}
@@ -165,6 +196,7 @@ def assess(
     for entry in result.zombies:
         entry["unreaped_orphan"] = entry["pid"] in unreaped
     _decide(result, table, job, blocking, unreaped, holders, options)
+    other_jobs.add_findings(result.judgement)
     return result
 
 

@@ -15,6 +15,7 @@ vocabulary (:mod:`.verdict`): ``container_reboot`` when only a restart of the co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -48,7 +49,10 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     JobSelector,
     Protection,
     job_selection_from_params,
+    own_pid_in,
+    refuse_broad_selection,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs, own_job_dir
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     DENIED,
@@ -352,6 +356,7 @@ class ReapResult:
     plans: list[ReapPlan]
     outcome: Outcome | None
     elapsed: float
+    other_jobs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def first(self) -> ReapPlan:
@@ -362,20 +367,33 @@ class ReapResult:
         for number, plan in enumerate(self.plans, start=1):
             plan_steps.extend(dict(step, round=number) for step in plan.as_list())
         outcome = self.outcome or Outcome()
+        judgement = Verdict(list(outcome.judgement.findings))
+        for job_dir, pids in _by_job(self.other_jobs).items():
+            judgement.add("other_job", Escalation.NONE,
+                          f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
+                          f"(name that job with job_name to select its processes)", pids)
         return {
             "changed": outcome.changed,
             "job": [{"pid": i.pid, "starttime": i.starttime, "comm": i.comm} for i in self.first.job],
             "plan": plan_steps,
             "notes": [note for plan in self.plans for note in plan.notes],
             "protected": _unique(entry for plan in self.plans for entry in plan.protected),
+            "other_jobs": self.other_jobs,
             "missing_pids": self.first.missing_pids,
             "actions": [a.as_dict() for a in outcome.actions],
             "signals_sent": outcome.signals_sent,
             "ended": outcome.ended,
             "remaining": outcome.remaining,
-            **outcome.judgement.as_dict(),
+            **judgement.as_dict(),
             "elapsed": round(self.elapsed, 3),
         }
+
+
+def _by_job(entries: list[dict[str, Any]]) -> dict[str, list[int]]:
+    by_job: dict[str, list[int]] = {}
+    for entry in entries:
+        by_job.setdefault(entry["job_dir"], []).append(entry["pid"])
+    return dict(sorted(by_job.items()))
 
 
 def _unique(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -409,6 +427,7 @@ def options_from_params(
     """
     checks = OptionChecks()
     selector, protected = job_selection_from_params(params, checks)
+    job_dir = own_job_dir(params, checks)
     if selector.is_empty and not checks.failed("match", "pids"):
         checks.add("match", "is empty, and so is pids; name the job with a pattern or a pid (zombie_reap never acts on everything)")
     term_signal = checks.check(parse_term_signal, params["term_signal"])
@@ -427,17 +446,36 @@ def options_from_params(
         d_state_timeout=float(timeouts["d_state_timeout"] or 0.0),
         reap_parents=params["reap_parents"],
     )
-    return selector, protected, options
+    return dataclasses.replace(selector, job_dir=job_dir), protected, options
 
 
-def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pattern[str], ...]) -> tuple[ProcessTable, Protection, set[int]]:
-    """One scan, its protection, and the job, with the threads (state, wchan) of the job loaded."""
+@dataclass
+class Snapshot:
+    """One scan, its protection, the other jobs' processes in it, and the job."""
+
+    table: ProcessTable
+    protection: Protection
+    other_jobs: OtherJobs
+    job: set[int]
+
+
+def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pattern[str], ...],
+                      refuse_broad: bool = False) -> Snapshot:
+    """One scan, its protection, and the job, with the threads (state, wchan) of the job loaded.
+
+    With `refuse_broad`, a selection too broad in this very scan raises BroadSelectionError
+    (before any thread is read): the plan is made from the table the refusal judged.
+    """
     table = ProcessTable.scan(proc_root)
-    protection = Protection(table, protected)
-    job = selector.select(table, protection) if not selector.is_empty else set()
+    own = own_pid_in(proc_root)
+    protection = Protection(table, protected, own)
+    other_jobs = OtherJobs(table, selector.job_dir)
+    if refuse_broad:
+        refuse_broad_selection(selector, table, protection, own, other_jobs.reason)
+    job = selector.select(table, protection, spared=other_jobs.reason) if not selector.is_empty else set()
     for pid in job:
         table.load_threads(pid)
-    return table, protection, job
+    return Snapshot(table, protection, other_jobs, job)
 
 
 def reap_job(
@@ -452,32 +490,40 @@ def reap_job(
     sleep: Callable[[float], None] = time.sleep,
 ) -> ReapResult:
     """Plan, and unless `check_mode` execute, the ladder for the job; repeat for processes the job
-    forked while it was being ended (at most MAX_ROUNDS plans)."""
+    forked while it was being ended (at most MAX_ROUNDS plans).
+
+    BroadSelectionError (nothing signalled) when the selection is too broad in the first scan, the
+    one the first plan is made from.
+    """
     started = clock()
     patterns = tuple(protected)
     control = control or ProcessControl(proc_root)
-    table, protection, _job = snapshot_for_plan(proc_root, selector, patterns)
-    plan = plan_reap(table, selector, protection, options)
+    look = snapshot_for_plan(proc_root, selector, patterns, refuse_broad=True)
+    plan = plan_reap(look.table, selector, look.protection, options, look.other_jobs.reason)
     plans = [plan]
+    other_jobs = {(entry["pid"], entry["starttime"]): entry for entry in look.other_jobs.report()}
     if check_mode or plan.is_empty:
-        return ReapResult(plans, None, clock() - started)
-    outcome = Executor(plan, control, protection, options, clock, sleep).run()
+        return ReapResult(plans, None, clock() - started, list(other_jobs.values()))
+    outcome = Executor(plan, control, look.protection, options, clock, sleep).run()
     seen = {i.key for i in plan.job}
     for number in range(2, MAX_ROUNDS + 1):
-        table, protection, job = snapshot_for_plan(proc_root, selector, patterns)
+        look = snapshot_for_plan(proc_root, selector, patterns)
         newcomers = sorted(
-            pid for pid in job
-            if Identity.of(table.processes[pid]).key not in seen and not table.processes[pid].is_zombie
+            pid for pid in look.job
+            if Identity.of(look.table.processes[pid]).key not in seen and not look.table.processes[pid].is_zombie
         )
         if not newcomers:
             break
-        follow_up = JobSelector(pids=tuple(newcomers), include_descendants=selector.include_descendants)
-        plan = plan_reap(table, follow_up, protection, options)
+        follow_up = JobSelector(pids=tuple(newcomers), include_descendants=selector.include_descendants,
+                                job_dir=selector.job_dir)
+        plan = plan_reap(look.table, follow_up, look.protection, options, look.other_jobs.reason)
         plans.append(plan)
+        for entry in look.other_jobs.report():
+            other_jobs.setdefault((entry["pid"], entry["starttime"]), entry)
         seen |= {i.key for i in plan.job}
-        outcome.merge(Executor(plan, control, protection, options, clock, sleep, number).run())
+        outcome.merge(Executor(plan, control, look.protection, options, clock, sleep, number).run())
     _name_held_devices(outcome, proc_root, device_glob)
-    return ReapResult(plans, outcome, clock() - started)
+    return ReapResult(plans, outcome, clock() - started, list(other_jobs.values()))
 
 
 def _name_held_devices(outcome: Outcome, proc_root: str, device_glob: str) -> None:

@@ -3,8 +3,9 @@
 """The reap plan: which process gets which signal, when, and why — computed, never guessed.
 
 Pure: the plan is a function of one :class:`ProcessTable` snapshot, the job selection, the
-protection and the options. It reads nothing and signals nothing, so the property test can run it
-on thousands of generated process forests. The executor (reap_executor) only ever signals the
+protection and the options. It signals nothing and reads nothing itself (the protection looks up
+the executable of a process it is asked about, and the test for other jobs' processes their
+environment), so the property test can run it on thousands of generated process forests. The executor (reap_executor) only ever signals the
 (pid, starttime) identities printed here.
 
 The ladder, least force first (DESIGN.md §3):
@@ -37,6 +38,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     NAMESPACE_INIT_PID,
     JobSelector,
     Protection,
+    SpareTest,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, format_pids
 
@@ -137,14 +139,18 @@ def plan_reap(
     selector: JobSelector,
     protection: Protection,
     options: ReapOptions,
+    spared: SpareTest | None = None,
 ) -> ReapPlan:
-    """The ladder for the job in `table`. Reads only `table` (threads loaded by the caller)."""
+    """The ladder for the job in `table`. Reads only `table` (threads loaded by the caller), and
+    through `spared` (another job's processes, see ``other_jobs.py``) what it reads of the job."""
     plan = ReapPlan()
     plan.missing_pids = sorted(pid for pid in selector.pids if pid not in table.processes)
     named = selector.named(table) if not selector.is_empty else set()
-    job = selector.select(table, protection, named) if named else set()
+    job = selector.select(table, protection, named, spared) if named else set()
     for pid in sorted(named - job):
         why = protection.reason(pid)
+        if why is None and spared is not None:
+            why = spared(pid)
         plan.protected.append({"pid": pid, "comm": table.processes[pid].comm, "reason": f"selected as the job, but {why}"})
     processes = table.processes
     plan.job = [Identity.of(processes[pid]) for pid in sorted(job)]

@@ -16,7 +16,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment i
     options_from_params,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN, ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC, JobSelector
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from tests.harness.clock import FakeClock
@@ -190,3 +190,62 @@ def test_an_internal_error_is_not_reported_as_a_bad_option(monkeypatch):
     with pytest.raises(ValueError, match="a bug") as caught:
         options_from_params(facts_params())
     assert not isinstance(caught.value, (BadOption, OptionsInvalid))
+
+
+# --- a look never refuses, and looks once (issue 17, items 12 and 13) ------------------------------
+
+AD_HOC = ["/opt/venv/bin/python3", "/opt/venv/bin/ansible", "localhost", "-m", "gpuops.relaunch.zombie_facts",
+          "-a", '{"match": ["train"]}']
+MODULE = ["/usr/bin/python3", "/root/.ansible/tmp/ansible-tmp-1/AnsiballZ_zombie_facts.py"]
+PYTHON = "/usr/bin/python3.11"
+
+
+def ad_hoc_host(proc: FakeProc, other_worker: bool = False) -> None:
+    """`ansible localhost -m zombie_facts -a '{"match": ["train"]}'` over a local connection: the
+    controller (200), its worker (210), the worker's sh -c (211) and the module (212, this process)."""
+    proc.add(200, "ansible", cmdline=AD_HOC, exe=PYTHON)
+    proc.add(210, "ansible", ppid=200, cmdline=AD_HOC, exe=PYTHON)
+    proc.add(211, "sh", ppid=210, pgid=210, cmdline=["/bin/sh", "-c", " ".join(MODULE) + " && sleep 0"], exe="/usr/bin/dash")
+    proc.add(212, "python3", ppid=211, pgid=210, cmdline=MODULE, exe=PYTHON)
+    if other_worker:
+        proc.add(220, "ansible", ppid=200, cmdline=AD_HOC, exe=PYTHON)
+    proc.add(10, "python3", cmdline=["python3", "/w/train.py"], exe=PYTHON)
+    (proc.root / "self").symlink_to("212")
+
+
+def test_a_pattern_typed_on_the_ad_hoc_command_line_is_neither_refused_nor_broad(proc):
+    ad_hoc_host(proc)
+    result, _clock = run(proc.root, match=["train"])
+    assert result.too_broad == []
+    assert [p["pid"] for p in result.job_processes] == [10]
+    assert {p["pid"] for p in result.protected} == {200, 210}  # the controller and the worker: ancestors
+
+
+def test_a_look_reports_what_zombie_reap_would_refuse_and_leaves_ansible_out_of_the_job(proc):
+    ad_hoc_host(proc, other_worker=True)
+    result, _clock = run(proc.root, match=["train"])
+    assert result.too_broad == [
+        "match: 'train' selects pid 220 (ansible), which runs Ansible (a controller, one of its workers or a module)"]
+    assert [p["pid"] for p in result.job_processes] == [10]
+    assert {"pid": 220, "comm": "ansible",
+            "reason": "a process of Ansible: it runs Ansible (a controller, one of its workers or a module)"} in result.protected
+    everything, _clock = run(proc.root, match=[".*"])
+    assert everything.too_broad[0] == "match: '.*' matches the empty string, so it selects every process"
+    assert 220 not in {p["pid"] for p in everything.job_processes}
+    # allow_broad: zombie_reap would act on the other worker, so the look says so.
+    allowed = AssessmentOptions(selector=JobSelector.from_options(["train"], [], True, allow_broad=True))
+    assert {p["pid"] for p in assess(allowed, proc_root=str(proc.root)).job_processes} == {10, 220}
+
+
+def test_the_look_scans_the_process_table_once(proc, monkeypatch):
+    ad_hoc_host(proc, other_worker=True)
+    scans = []
+    real_scan = ProcessTable.scan.__func__
+
+    def counting(cls, proc_root="/proc"):
+        scans.append(proc_root)
+        return real_scan(cls, proc_root)
+
+    monkeypatch.setattr(ProcessTable, "scan", classmethod(counting))
+    run(proc.root, match=["train"])
+    assert scans == [str(proc.root)]

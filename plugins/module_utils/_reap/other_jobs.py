@@ -1,0 +1,234 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The processes of other train_launch jobs: a selection by command line leaves them alone.
+
+Two jobs on one host may run the same script, so a ``match`` pattern that names one names the
+other too. A process that a selection names (or reaches as a descendant) belongs to another job,
+and is left out of the job and reported, when it is proven a member of it (the rule of
+``_launch/tree.py``, from the process's side):
+
+* it carries that job's run mark (``GPUOPS_RELAUNCH_RUN=JOB_DIR:RUN_ID``) in the environment it
+  was started with, the job's run record (``JOB_DIR/run.json``) names that run, and it did not
+  start before the run's main process; or
+* it is, or descends from, that job's supervisor: a live process whose (pid, start time) the job's
+  run or idle record names and which carries the supervisor's own mark
+  (``GPUOPS_RELAUNCH_SUPERVISOR=JOB_DIR``). As the job's child subreaper it adopts whatever the job
+  orphans, so a process that cleared its environment (``env -i``, ``su -``) is still found.
+
+An environment variable is anyone's to set, so a mark alone proves nothing: the records must
+agree, and records are believed only from a job directory that nobody but root or the user running
+this module can have written (a real directory, reached without a symlink, owned by one of them,
+writable by no one else). A process carrying the mark of the job the selection is for
+(``job_name``) is the selection's to take.
+
+Only the processes a selection names, their descendants and the ancestors of those are looked at
+(their ``environ``), never the whole table.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, ProcessControl, format_pids
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import IDLE_FILE, RUN_MARK, SUPERVISOR_MARK
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, RecordError, proven_supervisor
+
+RUN_MARK_PROOF = "run_mark"
+SUPERVISOR_PROOF = "supervisor"
+# A job directory is believed only when no one but its owner can write it.
+_WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def own_job_dir(params: Mapping[str, Any], checks: OptionChecks) -> str | None:
+    """The state directory of the job the selection is for (``job_state_dir``/``job_name``), or
+    None without ``job_name``; a wrong value is noted in `checks`, naming its option."""
+    name = params.get("job_name")
+    if name is None:
+        return None
+    if not NAME_PATTERN.match(name):
+        checks.add("job_name", f"{name!r} is not a train_launch job name (letters, digits, '.', '_', '-'; "
+                               "first a letter or digit; at most 64 characters)")
+        return None
+    state_dir = params["job_state_dir"]
+    if not state_dir or not os.path.isabs(state_dir):
+        checks.add("job_state_dir", f"{state_dir!r} is not an absolute path")
+        return None
+    return os.path.join(os.path.normpath(state_dir), name)
+
+
+@dataclass(frozen=True)
+class OtherJob:
+    """The job a process was proven to belong to, and how."""
+
+    job_dir: str
+    run_id: str | None
+    proof: str
+    supervisor_pid: int | None = None
+
+    def why(self) -> str:
+        run = f" (run {self.run_id})" if self.run_id else ""
+        if self.proof == RUN_MARK_PROOF:
+            how = "it carries that run's mark"
+        else:
+            how = f"it is or descends from that job's supervisor, pid {self.supervisor_pid}"
+        return f"belongs to the job {self.job_dir}{run}: {how}"
+
+
+@dataclass(frozen=True)
+class _Records:
+    """What one job directory's records say (only from a directory that can be believed)."""
+
+    run: JobIdentity | None
+    idle_supervisor: Identity | None
+
+    @property
+    def supervisors(self) -> list[Identity]:
+        """The supervisor identities the records name: the run's, and one waiting idle for the next run."""
+        recorded = [self.run.supervisor if self.run is not None else None, self.idle_supervisor]
+        return [identity for identity in recorded if identity is not None]
+
+
+class OtherJobs:
+    """Which processes of one snapshot belong to a job other than `own_job_dir`; asked pid by pid.
+
+    Each answer is kept, so a process is looked at once however often it is asked about.
+    """
+
+    def __init__(self, table: ProcessTable, own_job_dir: str | None, control: ProcessControl | None = None) -> None:
+        self.table = table
+        self.own_job_dir = own_job_dir
+        self.control = control or ProcessControl(table.proc_root)
+        self._claims: dict[int, OtherJob | None] = {}
+        self._supervisors: dict[int, OtherJob | None] = {}
+        self._records: dict[str, _Records | None] = {}
+
+    # --- asked by the selection ----------------------------------------------------------------
+
+    def reason(self, pid: int) -> str | None:
+        """Why `pid` is another job's (the selection leaves it out), or None."""
+        claim = self.claim(pid)
+        return claim.why() if claim is not None else None
+
+    def claim(self, pid: int) -> OtherJob | None:
+        if pid not in self._claims:
+            self._claims[pid] = self._prove(pid)
+        return self._claims[pid]
+
+    @property
+    def claimed(self) -> dict[int, OtherJob]:
+        """Every process asked about that belongs to another job."""
+        return {pid: claim for pid, claim in sorted(self._claims.items()) if claim is not None}
+
+    def report(self) -> list[dict[str, Any]]:
+        """The claimed processes, for a module's result (``other_jobs``)."""
+        processes = self.table.processes
+        return [
+            {"pid": pid, "starttime": processes[pid].starttime, "comm": processes[pid].comm,
+             "job_dir": claim.job_dir, "run_id": claim.run_id, "proof": claim.proof}
+            for pid, claim in self.claimed.items()
+        ]
+
+    def add_findings(self, verdict: Verdict) -> None:
+        """One finding (kind ``other_job``, escalation none) per job whose processes were left alone."""
+        by_job: dict[str, list[int]] = {}
+        for pid, claim in self.claimed.items():
+            by_job.setdefault(claim.job_dir, []).append(pid)
+        for job_dir, pids in sorted(by_job.items()):
+            verdict.add("other_job", Escalation.NONE,
+                        f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
+                        f"(name that job with job_name to select its processes)", pids)
+
+    # --- the proof ------------------------------------------------------------------------------
+
+    def _prove(self, pid: int) -> OtherJob | None:
+        process = self.table.processes.get(pid)
+        if process is None or process.is_kernel_thread:
+            return None
+        mark = self.control.environ_value(Identity.of(process), RUN_MARK)
+        if mark is not None:
+            job_dir, _sep, run_id = mark.rpartition(":")
+            if job_dir == self.own_job_dir:
+                return None  # the selection's own job
+            records = self._believed(job_dir)
+            run = records.run if records is not None else None
+            # The rule of the stop path (tree._marked_members): this run's mark, not older than the run.
+            if run is not None and run.mark == mark and process.starttime >= (run.starttime or 0):
+                return OtherJob(job_dir, run_id, RUN_MARK_PROOF)
+        # A process that cleared its environment: its descent from another job's supervisor.
+        for candidate in (pid, *self.table.ancestors(pid)):
+            if candidate <= NAMESPACE_INIT_PID:
+                break
+            supervisor = self._supervisor(candidate)
+            if supervisor is not None:
+                return supervisor
+        return None
+
+    def _supervisor(self, pid: int) -> OtherJob | None:
+        """The job whose proven, live supervisor `pid` is, if it is another job's."""
+        if pid not in self._supervisors:
+            self._supervisors[pid] = self._prove_supervisor(pid)
+        return self._supervisors[pid]
+
+    def _prove_supervisor(self, pid: int) -> OtherJob | None:
+        process = self.table.processes.get(pid)
+        if process is None or process.is_zombie or process.is_kernel_thread:
+            return None
+        job_dir = self.control.environ_value(Identity.of(process), SUPERVISOR_MARK)
+        if job_dir is None or job_dir == self.own_job_dir:
+            return None
+        records = self._believed(job_dir)
+        if records is None:
+            return None
+        # The stop path's own proof: the recorded (pid, start time), alive, carrying the job's mark.
+        if not any(recorded.pid == pid and proven_supervisor(self.table, recorded, job_dir) for recorded in records.supervisors):
+            return None
+        return OtherJob(job_dir, records.run.run_id if records.run is not None else None, SUPERVISOR_PROOF, pid)
+
+    def _believed(self, job_dir: str) -> _Records | None:
+        if job_dir not in self._records:
+            self._records[job_dir] = _read_records(job_dir) if trustworthy_job_dir(job_dir) else None
+        return self._records[job_dir]
+
+
+def trustworthy_job_dir(job_dir: str) -> bool:
+    """Whether records in `job_dir` can be believed: an absolute path without a symlink anywhere on
+    it, a directory owned by root or by the user running this module, writable by no one else."""
+    if not job_dir or not os.path.isabs(job_dir) or os.path.normpath(job_dir) != job_dir:
+        return False
+    if os.path.realpath(job_dir) != job_dir:
+        return False  # a symlink on the way: whoever planted it chose what the records say
+    try:
+        info = os.lstat(job_dir)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid in (0, os.geteuid()) and not info.st_mode & _WRITABLE_BY_OTHERS
+
+
+def _read_records(job_dir: str) -> _Records:
+    records = JobRecords(job_dir)
+    run = records.read_run()
+    identity = None
+    if run is not None:
+        try:
+            identity = JobIdentity.from_run(run, job_dir)
+        except RecordError:
+            identity = None
+    idle = records.read(IDLE_FILE) or {}
+    idle_pid, idle_start = idle.get("supervisor_pid"), idle.get("supervisor_starttime")
+    idle_supervisor = None
+    if _is_count(idle_pid) and _is_count(idle_start) and idle_pid > 0:
+        idle_supervisor = Identity(idle_pid, idle_start)
+    return _Records(identity, idle_supervisor)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
