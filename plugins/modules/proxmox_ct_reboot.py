@@ -113,6 +113,12 @@ options:
       - V(0) means no limit. Between V(0) and V(64).
       - Only reboots from the same controller (the same O(slot_dir)) count; reboots made elsewhere
         (the web UI, another controller) do not.
+      - A node is known by its cluster's name (from C(GET /cluster/status)) and its own name, not by the
+        address the API was reached through, so reboots through two addresses of one cluster (two
+        nodes' addresses, a name and an IP) share the node's slots. A node in no cluster is known by its
+        name and its certificate's fingerprint (from C(GET /nodes)). Without C(Sys.Audit) on C(/) the
+        cluster cannot be asked; then only reboots through the same API URL share the slots, and the
+        module warns.
     type: int
     default: 1
   slot_dir:
@@ -120,6 +126,10 @@ options:
       - Directory of the node slot files on the host the module runs on (the controller). Created with
         mode 0700 when missing; it must be owned by the user running the module and writable by no one
         else, and is never followed through a symlink.
+      - Every directory above it, from C(/) down, must be a real directory (not a symlink) of C(root) or
+        of that user that no other user may write to, unless it has the sticky bit (as C(/tmp) has).
+      - The slot files are named by the node's name (made safe for a file name) and a hash of its
+        cluster and name, so no answer of the API leads outside this directory.
     type: path
     default: ~/.ansible/gpuops_relaunch/node_slots
   slot_timeout:
@@ -150,7 +160,8 @@ notes:
   - The module talks to the API from wherever it runs. Run it on the controller (delegate the task
     to C(localhost)), which needs C(proxmoxer) and C(requests).
   - The user or token needs C(VM.Audit) and C(VM.PowerMgmt) on C(/vms/<vmid>); C(Sys.Audit) on C(/)
-    lets the module check quorum (without it that check is skipped).
+    lets the module check quorum (without it that check is skipped) and learn the cluster's name for
+    O(node_slots).
 seealso:
   - module: community.proxmox.proxmox
   - name: Proxmox VE API viewer

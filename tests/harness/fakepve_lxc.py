@@ -423,6 +423,8 @@ class _Hook:
     times: int
     before: Callable[[FakePve], None] | None = None
     drop_answer: bool = False
+    # Turns the answer's "data" into what the client gets instead (a PVE that answers differently).
+    rewrite: Callable[[Any], Any] | None = None
 
 
 class HookedFakePve(FakePve):
@@ -453,6 +455,10 @@ class HookedFakePve(FakePve):
         if hook.before is not None:
             hook.before(self)
         response = await handler(request)
+        if hook.rewrite is not None and isinstance(response, web.Response) and response.body is not None:
+            answer = json.loads(bytes(response.body))
+            answer["data"] = hook.rewrite(answer.get("data"))
+            return web.json_response(answer, status=response.status)
         if hook.drop_answer:
             # The server did the work; the client never hears about it.
             self.dropped.append((request.method, request.path))
@@ -524,6 +530,11 @@ class FakePveServer:
     def before_request(self, method: str, suffix: str, action: Callable[[FakePve], None], times: int = 1) -> None:
         """Run action(pve) just before the next `times` matching requests are handled."""
         self.call(self.pve.hooks.append, _Hook(method, suffix, times, before=action))
+
+    def rewrite_answer(self, method: str, suffix: str, rewrite: Callable[[Any], Any], times: int = 1_000_000) -> None:
+        """Answer the next `times` matching requests (by default all of them) with rewrite(data) instead of
+        data: what a PVE that answers differently (a node in no cluster, say) or an API that lies sends."""
+        self.call(self.pve.hooks.append, _Hook(method, suffix, times, rewrite=rewrite))
 
     def flaky_network(self, drop_rate: float, seed: int) -> None:
         """Drop (connection reset, unanswered, unrecorded) that share of requests, repeatably.

@@ -26,6 +26,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client im
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.node_slots import (
     DEFAULT_SLOT_DIR,
     NodeSlot,
+    SlotScope,
     check_slots,
     take_slot,
 )
@@ -219,18 +220,61 @@ def read_state(client: ProxmoxClient, node: str, vmid: int) -> CtState:
     )
 
 
-def cluster_quorate(client: ProxmoxClient) -> bool | None:
-    """Whether the cluster has quorum; True for a single node; None when we may not look."""
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What GET /cluster/status says about the cluster: its name and whether it has quorum.
+
+    A node in no cluster lists no entry of type ``cluster``: no name, and quorate (it needs none).
+    Without Sys.Audit on / the list cannot be read: neither is known (`readable` false).
+    """
+
+    readable: bool
+    name: str | None = None
+    quorate: bool | None = None
+
+
+def read_cluster_status(client: ProxmoxClient) -> ClusterStatus:
+    """GET /cluster/status, believed only as far as its shape holds (entries that are not objects are
+    skipped, a quorate flag that is not a number counts as no quorum, a name that is not text as none)."""
     try:
         entries = client.get("cluster/status") or []
     except ProxmoxApiError as exc:
         if exc.status == 403:
-            return None
+            return ClusterStatus(readable=False)
         raise
-    for entry in entries:
-        if entry.get("type") == "cluster":
-            return bool(int(entry.get("quorate", 0)))
-    return True
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("type") == "cluster":
+            try:
+                quorate = bool(int(entry.get("quorate", 0)))
+            except (TypeError, ValueError):
+                quorate = False  # a stop needs quorum proven, not assumed
+            name = entry.get("name")
+            return ClusterStatus(readable=True, name=name if isinstance(name, str) else None, quorate=quorate)
+    return ClusterStatus(readable=True, quorate=True)
+
+
+def node_fingerprint(client: ProxmoxClient, node: str) -> str:
+    """The node's TLS certificate fingerprint from GET /nodes; "" when it is not given or may not be read."""
+    try:
+        nodes = client.get("nodes") or []
+    except ProxmoxApiError as exc:
+        if exc.status == 403:
+            return ""
+        raise
+    for entry in nodes if isinstance(nodes, list) else []:
+        if isinstance(entry, dict) and entry.get("node") == node and isinstance(entry.get("ssl_fingerprint"), str):
+            return entry["ssl_fingerprint"]
+    return ""
+
+
+def slot_scope(client: ProxmoxClient, cluster: ClusterStatus, api: str, node: str) -> SlotScope:
+    """What the node's reboot slots are shared across (see SlotScope): the cluster, the machine of a node
+    in no cluster, or (when the cluster may not be looked at) only the API URL."""
+    if not cluster.readable:
+        return SlotScope("api", api)
+    if cluster.name is not None:
+        return SlotScope("cluster", cluster.name)
+    return SlotScope("standalone", node_fingerprint(client, node))
 
 
 def check_hostname(request: CtRebootRequest, node: str, state: CtState) -> None:
@@ -273,7 +317,7 @@ class CtRebooter:
     def __init__(self, client: ProxmoxClient, request: CtRebootRequest, api: str = "") -> None:
         self.client = client
         self.request = request
-        self.api = api  # names the cluster in the node's slot files
+        self.api = api  # keys the node's slot files only when the cluster may not be asked for its name
         self.tasks: list[TaskOutcome] = []
 
     def run(self, check_mode: bool = False) -> CtRebootResult:
@@ -284,7 +328,11 @@ class CtRebooter:
         before = read_state(client, node, request.vmid)
         check_hostname(request, node, before)
         actions = plan_actions(request, before.status)
-        if any(action.name in ("shutdown", "stop", "reboot") for action in actions) and cluster_quorate(client) is False:
+        stops = any(action.name in ("shutdown", "stop", "reboot") for action in actions)
+        takes_slot = bool(request.node_slots) and not check_mode
+        # Read once: the quorum guards a stop, the cluster's name keys the node's slots.
+        cluster = read_cluster_status(client) if stops or takes_slot else None
+        if stops and cluster is not None and cluster.quorate is False:
             raise CtRebootRefused(
                 f"the cluster has no quorum: refusing to stop CT {request.vmid}, it could not be started again"
             )
@@ -305,8 +353,15 @@ class CtRebooter:
                 result.warnings.append(f"CT {request.vmid} is locked ({before.lock}); a real run waits up to lock_timeout")
             result.elapsed = time.monotonic() - begun
             return result
-        if request.node_slots:
-            result.node_slot = take_slot(request.slot_dir, self.api, node, request.node_slots,
+        if takes_slot and cluster is not None:
+            scope = slot_scope(client, cluster, self.api, node)
+            if scope.kind == "api":
+                result.warnings.append(
+                    f"{client.connection.identity} may not read /cluster/status (Sys.Audit on /), so node {node}'s"
+                    " reboot slots are shared only with reboots through this same API URL, not through another"
+                    " address of the cluster"
+                )
+            result.node_slot = take_slot(request.slot_dir, scope, node, request.node_slots,
                                          Deadline(request.slot_timeout))
             if result.node_slot.waited:
                 # Other reboots ran meanwhile: judge the container as it is now, not as it was.

@@ -6,19 +6,29 @@ A fleet relaunch runs the reboot module for many hosts at once (up to ``forks``)
 may live on one node: rebooting all of a node's training containers at the same moment piles up
 their shutdowns, starts and GPU re-initialisation on one machine. Ansible's ``throttle`` counts
 across the whole play, not per node, so each reboot takes one of the node's slots first: an
-exclusive ``flock`` on one of N slot files named after the API and the node, held while the reboot
-runs. The kernel drops a lock with the process that held it, so a module that crashes or is
-killed never leaves a slot taken.
+exclusive ``flock`` on one of N slot files named after the node, held while the reboot runs. The
+kernel drops a lock with the process that held it, so a module that crashes or is killed never
+leaves a slot taken.
+
+A node is named by what it is, not by the address it was reached through: the API of a cluster
+answers on every node's address (and on names and ports that lead there), so slots keyed by the API
+URL let two reboots of one node through two URLs overlap. The slot files are keyed by the node's
+SlotScope (its cluster's name, or for a node in no cluster its certificate's fingerprint) and its
+name. Both come from the API, which may lie ("/", "..", empty, a megabyte): they are hashed, and
+only a tame rendering of the node's name shows in the file name, so no answer leads out of the
+slot directory.
 
 The slot directory is the controller's (the module runs there, delegated to localhost). It is
-created 0700 and must be a real directory owned by the user and writable by no one else: a
-directory another user can write would let them plant a symlink or hold every slot.
+created 0700 and, like every directory above it, must be a real directory that no other user can
+write to or rename in (_base.private_dir): otherwise they could plant a symlink, swap the directory
+or hold every slot.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
 import stat
@@ -26,6 +36,11 @@ from dataclasses import dataclass
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir import (
+    NO_WRITE_FOR_OTHERS,
+    absolute_dir,
+    open_private_dir,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import ProxmoxError
 
 DEFAULT_SLOT_DIR = "~/.ansible/gpuops_relaunch/node_slots"
@@ -49,25 +64,35 @@ def check_slots(option: str, value: int) -> int:
     return value
 
 
-def slot_prefix(api: str, node: str) -> str:
-    """A file-name prefix per (API, node): readable, and distinct for clusters whose nodes share names."""
-    digest = hashlib.sha256(f"{api}\0{node}".encode()).hexdigest()[:12]
+@dataclass(frozen=True)
+class SlotScope:
+    """What a node's slots are shared across: every API URL that leads to the same machine.
+
+    ``cluster``: the node is in the PVE cluster named `name` (node names are unique in a cluster).
+    ``standalone``: the node is in no cluster; `name` is its TLS certificate's fingerprint ("" if the
+    API gave none), so that two separate machines both called ``pve`` keep their own slots.
+    ``api``: the cluster could not be asked (no Sys.Audit on /); `name` is the API URL, and only reboots
+    through that same URL share the slots.
+    """
+
+    kind: str
+    name: str
+
+
+def slot_prefix(scope: SlotScope, node: str) -> str:
+    """A file-name prefix per (scope, node): the node's name made tame and short, for people reading
+    the directory, and a hash of all of it, which is what tells nodes apart."""
+    digest = hashlib.sha256(json.dumps([scope.kind, scope.name, node]).encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return f"{_UNSAFE.sub('_', node)[:40]}-{digest}"
 
 
 def open_slot_dir(path: str) -> int:
-    """An fd on the slot directory, made 0700 if missing; SlotError (naming slot_dir) if it is not safe."""
-    path = os.path.expanduser(path)
+    """An fd on the slot directory, made 0700 if missing; SlotError (naming slot_dir) if it or a directory
+    above it is not safe (see _base.private_dir)."""
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SlotError(f"slot_dir: {path} cannot be used as a directory ({exc.strerror}); nothing was changed") from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        os.close(fd)
-        raise SlotError(f"slot_dir: {path} must be owned by this user and writable by no one else; nothing was changed")
-    return fd
+        return open_private_dir("slot_dir", absolute_dir(path), NO_WRITE_FOR_OTHERS)
+    except BadOption as exc:
+        raise SlotError(f"{exc}; nothing was changed") from None
 
 
 @dataclass
@@ -107,10 +132,10 @@ def _try_slot(dir_fd: int, name: str) -> int | None:
     return fd
 
 
-def take_slot(directory: str, api: str, node: str, slots: int, deadline: Deadline) -> NodeSlot:
+def take_slot(directory: str, scope: SlotScope, node: str, slots: int, deadline: Deadline) -> NodeSlot:
     """Hold one of the node's `slots` slots, polling until one is free; NoFreeSlot at the deadline."""
     dir_fd = open_slot_dir(directory)
-    prefix = slot_prefix(api, node)
+    prefix = slot_prefix(scope, node)
     try:
         def free_slot() -> tuple[int, int] | None:
             for index in range(slots):
