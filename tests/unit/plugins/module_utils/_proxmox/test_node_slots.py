@@ -103,6 +103,21 @@ def test_an_unsafe_directory_is_refused_naming_slot_dir(tmp_path, make):
         take_slot(str(target), CLUSTER, "pve1", 1, now())
 
 
+@pytest.mark.parametrize("make", ["parent_symlink", "parent_writable_by_all"])
+def test_a_directory_above_slot_dir_that_others_control_is_refused(tmp_path, make):
+    parent = tmp_path / "parent"
+    (parent / "slots").mkdir(parents=True, mode=0o700)
+    if make == "parent_symlink":
+        (tmp_path / "link").symlink_to(parent)
+        slot_dir = tmp_path / "link" / "slots"
+    else:
+        parent.chmod(0o777)
+        slot_dir = parent / "slots"
+    with pytest.raises(SlotError, match=r"slot_dir: .*(is a symbolic link|writable by other users without the sticky bit).*nothing was changed"):
+        take_slot(str(slot_dir), CLUSTER, "pve1", 1, now())
+    assert list((parent / "slots").iterdir()) == []
+
+
 @pytest.mark.parametrize("make", ["symlink", "fifo"])
 def test_a_slot_file_that_is_not_a_regular_file_is_refused(tmp_path, make):
     directory = tmp_path / "slots"
