@@ -204,7 +204,8 @@ options:
   persist:
     description:
       - Seconds the shared connection to a node stays open after its last use (C(ControlPersist)).
-      - V(0) turns connection sharing off; then every remote action logs in anew.
+      - V(0) turns connection sharing off; then every remote action logs in anew. Not even a control
+        socket named in the user's ssh configuration is used then (C(ControlPath=none)).
     type: int
     default: 60
     ini:
@@ -426,7 +427,9 @@ class Connection(ConnectionBase):
                 ControlPath=os.path.join(self._control_dir, "%C"),
             )
         else:
-            options["ControlMaster"] = "no"
+            # "none", not unset: a ControlPath from the user's ssh_config (in /tmp, with %u, say) would
+            # still make ssh a client of whatever master listens there.
+            options.update(ControlMaster="no", ControlPath="none")
         known_hosts = self.get_option("known_hosts_file")
         if known_hosts:
             options["UserKnownHostsFile"] = os.path.expanduser(to_text(known_hosts))

@@ -108,7 +108,7 @@ def test_options_change_the_command_line(tmp_path):
     assert argv[0] == "/opt/ssh"
     values = option_values(argv)
     assert values["StrictHostKeyChecking"] == "no" and values["ControlMaster"] == "no"
-    assert "ControlPath" not in values and "ControlPersist" not in values
+    assert values["ControlPath"] == "none" and "ControlPersist" not in values  # not even ssh_config's
     assert values["UserKnownHostsFile"] == "/etc/pve/known" and values["ServerAliveInterval"] == "15"
     assert argv[argv.index("-J") + 1] == "jump host"
     # ssh keeps the first value of an option: the user's extra arguments come before the plugin's.
@@ -349,3 +349,19 @@ def test_an_s_that_is_an_argument_is_not_a_control_path(tmp_path, extra):
     conn = connection(tmp_path, ssh_extra_args=extra)
 
     assert conn._ssh_argv()[-2:] == ["--", "pve1.example.org"]  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("persist", [0, 60])
+def test_a_control_path_in_the_users_ssh_config_is_never_used(tmp_path, persist):
+    """Where ~/.ssh/config (here a -F file) names a control socket in /tmp with %u, ssh would be a client
+    of whatever master listens there, even with ControlMaster=no: the plugin's ControlPath overrides it."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  ControlMaster auto\n  ControlPath /tmp/pctcp-%u/%C\n", encoding="utf-8")
+    conn = connection(tmp_path, persist=persist, ssh_extra_args=f"-F {config}")
+
+    used = ssh_config(conn._ssh_argv()).get("controlpath")  # pylint: disable=protected-access
+
+    if persist == 0:
+        assert used is None  # ssh -G shows no control path at all for ControlPath=none
+    else:
+        assert used is not None and Path(used).parent == SHORT_DIRS[-1] / "cp"
