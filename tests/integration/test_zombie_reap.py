@@ -352,8 +352,8 @@ RECYCLE = textwrap.dedent(r"""
     selector = JobSelector.from_options([r"/w/run/train\.py"], [], True)
 
     def plan_now():
-        table, protection, _job = snapshot_for_plan("/proc", selector, ())
-        return plan_reap(table, selector, protection, options), protection
+        look = snapshot_for_plan("/proc", selector, ())
+        return plan_reap(look.table, selector, look.protection, options), look.protection
 
     target = subprocess.Popen(SLEEP)
     stale, protection = plan_now()
