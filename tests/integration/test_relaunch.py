@@ -131,7 +131,7 @@ def test_check_mode_changes_nothing(site):
 
 def test_relaunch_force_restarts_a_healthy_job(site):
     first = summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))
-    forced = summary(run_playbook(PLAYBOOK, inventory=site["inventory"], extra_vars={"relaunch_force": True}))
+    forced = summary(run_playbook(PLAYBOOK, inventory=site["inventory"], extra_vars={"relaunch_force": True, "relaunch_hosts": "localhost"}))
     assert forced["relaunched"] is True
     assert int(forced["job"]["pid"]) != int(first["job"]["pid"])
     assert state_of(int(first["job"]["pid"])) is None

@@ -166,7 +166,7 @@ def test_a_finished_job_is_left_alone_unless_forced(site: Site) -> None:
     assert left["action"] == "none" and left["relaunched"] is False and left["health"]["state"] == "finished"
     assert left["health"]["exit_code"] == 0 and "relaunch_force relaunches it" in left["why"]
     assert changed_tasks(run) == [] and STOP not in run.tasks
-    forced = summary(site.relaunch(relaunch_force=True))
+    forced = summary(site.relaunch(relaunch_force=True, relaunch_hosts="all"))
     assert forced["relaunched"] is True and forced["resumed"] is False  # never resumed after a finished run
     assert "resuming from" not in site.log.read_text()
 

@@ -169,7 +169,7 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     blocked.write_text("not a directory\n", encoding="utf-8")
     rank_c_state = fleet["hosts"]["rank-c"]["job_launch_state_dir"]
     fleet["hosts"]["rank-c"]["job_launch_state_dir"] = str(blocked)
-    run, summary = relaunch(fleet, relaunch_force=True)
+    run, summary = relaunch(fleet, relaunch_force=True, relaunch_hosts="all")
     fleet["hosts"]["rank-c"]["job_launch_state_dir"] = rank_c_state
     assert run.rc != 0
     gone({host: before[host] for host in ("rank-a", "rank-b")})

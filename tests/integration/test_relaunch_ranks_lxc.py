@@ -118,7 +118,7 @@ def test_two_containers_as_one_job_one_reboot_then_both_ranks_launch(lab, pct_ho
         # independent job, forced too, relaunches all the same: one failed job stops no other.
         hosts[RANK1]["job_launch_command"] = hosts[RANK1]["job_launch_command"] + [
             "--ready-after", "5", "--exit-after", "0.2", "--exit-code", "3"]
-        run, fleet = relaunch(relaunch_force=True)
+        run, fleet = relaunch(relaunch_force=True, relaunch_hosts="all")
 
         assert run.rc != 0
         for container in (lab.container, second.container):

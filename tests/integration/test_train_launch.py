@@ -334,3 +334,46 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
     stopped = run.result("show stop")["job_launch_stop_result"]
     assert stopped["changed"] is True and stopped["running"] is False
     assert launched["pid"] not in local.processes()
+
+
+@pytest.mark.parametrize("entry, missing", [
+    ("main", "job_launch_name"), ("main", "job_launch_command"), ("stop", "job_launch_name"), ("health", "job_launch_name"),
+])
+def test_job_launch_role_needs_a_name_and_a_command(local: Target, entry: str, missing: str) -> None:
+    """No default name (a second job would replace the first, and a stop would end a job called
+    `train`) and no default command: the role fails naming the variable, and nothing changes."""
+    role_vars = {
+        "job_launch_name": "role-job",
+        "job_launch_command": local.demo(),
+        "job_launch_log_path": str(local.work / "logs" / "train.log"),
+        "job_launch_state_dir": local.state_dir,
+        "job_launch_ready_regex": "^step 1 ",
+        "job_launch_min_uptime": 0.5,
+    }
+    del role_vars[missing]
+    include = {"name": "include", "ansible.builtin.include_role": {"name": "gpuops.relaunch.job_launch", "tasks_from": entry},
+               "vars": role_vars}
+    run = local.play([include])
+    assert run.rc != 0
+    failures = [result for results in run.tasks.values() for result in results if result.get("failed")]
+    assert len(failures) == 1 and failures[0]["msg"].endswith(f"missing required arguments: {missing}"), failures
+    assert not (local.work / "logs").exists() and not Path(local.state_dir).exists()
+    assert not [proc for proc in local.processes().values() if local.mine(proc)]
+
+
+def test_job_launch_role_default_log_follows_the_name(local: Target) -> None:
+    """Two jobs, two names, two logs: the default log path is /var/log/gpuops/NAME.log (asked in
+    check mode, as relaunch.yml probes: nothing is created)."""
+    probes = []
+    for name in ("job-one", "job-two"):
+        probes += [{"name": f"probe {name}", "ansible.builtin.include_role": {
+                        "name": "gpuops.relaunch.job_launch", "apply": {"check_mode": True}},
+                    "vars": {"job_launch_name": name, "job_launch_command": local.demo(),
+                             "job_launch_state_dir": local.state_dir, "job_launch_probe": True}},
+                   {"name": f"show {name}", "ansible.builtin.debug": {"var": "job_launch_result"}}]
+    run = local.play(probes)
+    assert run.rc == 0, run.stdout[-3000:]
+    for name in ("job-one", "job-two"):
+        probe = run.result(f"show {name}")["job_launch_result"]
+        assert probe["log_path"] == f"/var/log/gpuops/{name}.log" and probe["operation"] == "start", probe
+    assert not Path(local.state_dir).exists()

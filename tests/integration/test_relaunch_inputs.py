@@ -1,0 +1,153 @@
+"""What playbooks/relaunch.yml must be told, for real: the job's name and command (no defaults), and
+which hosts to force.
+
+Two jobs on this machine, as two inventory hosts (local connection), each with its own copy of the
+demo trainer, so that each host's clean-up selector (its script's path) matches its own job only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.launch_targets import DEMO, end_recorded_runs
+from tests.harness.playbook import REPO, PlaybookRun, run_playbook
+
+pytestmark = pytest.mark.slow
+
+PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
+REFUSE = "Refuse a force on every host unless relaunch_hosts or --limit names the hosts"
+STOP = "Stop the old job"
+HOSTS = ("job-a", "job-b")
+
+
+class Site:
+    """Two jobs, one per inventory host; `vars[host]` is that host's inventory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.vars: dict[str, dict[str, Any]] = {}
+        # The job's name and state directory as set up (a test may take them out of the inventory).
+        self.names = {host: f"inputs-{host}" for host in HOSTS}
+        self.state_dirs = {host: str(root / host / "state") for host in HOSTS}
+        for host in HOSTS:
+            home = root / host
+            (home / "logs").mkdir(parents=True)
+            script = home / "demo_train.py"
+            shutil.copy(DEMO, script)
+            self.vars[host] = {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "job_launch_name": self.names[host],
+                "job_launch_command": [sys.executable, str(script), "--ready-after", "0.1"],
+                "job_launch_log_path": str(home / "logs" / "train.log"),
+                "job_launch_state_dir": self.state_dirs[host],
+                "job_launch_ready_regex": "^step 1 ",
+                "job_launch_min_uptime": 0.3,
+                "job_launch_startup_timeout": 60,
+                "job_launch_term_timeout": 5,
+                "process_cleanup_match": [str(script).replace(".", "\\.") + "\\b"],
+                "process_cleanup_term_timeout": 5,
+                "gpu_drain_gpus_required": False,
+                "gpu_drain_timeout": 20,
+                "container_reset_allowed": False,
+            }
+
+    def inventory(self) -> str:
+        path = self.root / "inventory.json"
+        path.write_text(json.dumps({"all": {"hosts": self.vars}}), encoding="utf-8")
+        return str(path)
+
+    def relaunch(self, extra_vars: dict[str, Any] | None = None, extra_args: list[str] | None = None) -> PlaybookRun:
+        return run_playbook(PLAYBOOK, inventory=self.inventory(), extra_vars=extra_vars, extra_args=extra_args)
+
+    def run_record(self, host: str) -> dict | None:
+        path = Path(self.state_dirs[host], self.names[host], "run.json")
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+    def pids(self) -> dict[str, int | None]:
+        return {host: (self.run_record(host) or {}).get("pid") for host in HOSTS}
+
+
+@pytest.fixture(name="site")
+def site_fixture(tmp_path):
+    site = Site(tmp_path)
+    yield site
+    for host in HOSTS:
+        run_playbook([{"hosts": host, "gather_facts": False, "tasks": [{
+            "name": "stop", "gpuops.relaunch.train_launch": {
+                "name": site.names[host], "state": "stopped", "state_dir": site.state_dirs[host]}}]}],
+                     inventory=site.inventory())
+        end_recorded_runs(site.state_dirs[host])
+
+
+def summaries(run: PlaybookRun) -> dict[str, dict]:
+    return {entry["_host"]: entry["msg"] for entry in run.tasks.get("Summarize", [])}
+
+
+def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> None:
+    first = site.relaunch()
+    assert first.rc == 0, first.stdout[-4000:]
+    running = site.pids()
+    assert all(running.values()), running
+
+    # Force from the command line without naming hosts (or with a typo for relaunch_hosts): refused
+    # on every host before anything is looked at or stopped.
+    for extra in ({"relaunch_force": True}, {"relaunch_force": "true", "relaunch_host": "job-a"}):
+        refused = site.relaunch(extra)
+        assert refused.rc != 0
+        for host in HOSTS:
+            failure = refused.result(REFUSE, host)
+            assert failure["failed"] is True, failure
+            assert "relaunch_hosts" in failure["msg"] and "--limit" in failure["msg"], failure["msg"]
+        assert STOP not in refused.tasks and "Summarize" not in refused.tasks
+        assert site.pids() == running
+
+    # Named with --limit: that host only is forced.
+    limited = site.relaunch({"relaunch_force": True}, ["--limit", "job-a"])
+    assert limited.rc == 0, limited.stdout[-4000:]
+    assert summaries(limited)["job-a"]["relaunched"] is True and "job-b" not in summaries(limited)
+    after_limit = site.pids()
+    assert after_limit["job-a"] != running["job-a"] and after_limit["job-b"] == running["job-b"]
+
+    # Named with relaunch_hosts: the same.
+    named = site.relaunch({"relaunch_force": True, "relaunch_hosts": "job-b"})
+    assert named.rc == 0, named.stdout[-4000:]
+    assert summaries(named)["job-b"]["relaunched"] is True and "job-a" not in summaries(named)
+    after_named = site.pids()
+    assert after_named["job-b"] != after_limit["job-b"] and after_named["job-a"] == after_limit["job-a"]
+
+    # relaunch_force in the inventory of one host: the play no longer overrides it, and a force on
+    # some hosts only needs no --limit.
+    site.vars["job-b"]["relaunch_force"] = True
+    inventory_forced = site.relaunch()
+    assert inventory_forced.rc == 0, inventory_forced.stdout[-4000:]
+    done = summaries(inventory_forced)
+    assert done["job-b"]["relaunched"] is True and done["job-b"]["why"].startswith("relaunch_force")
+    assert done["job-a"]["relaunched"] is False and done["job-a"]["action"] == "none"
+    after_inventory = site.pids()
+    assert after_inventory["job-b"] != after_named["job-b"] and after_inventory["job-a"] == after_named["job-a"]
+    # ... and the inventory's false wins over nothing: a host_vars relaunch_force: false is honoured too.
+    site.vars["job-b"]["relaunch_force"] = False
+    quiet = site.relaunch()
+    assert quiet.rc == 0 and not any(summary["relaunched"] for summary in summaries(quiet).values())
+    assert site.pids() == after_inventory
+
+
+@pytest.mark.parametrize("missing", ["job_launch_name", "job_launch_command"])
+def test_a_host_without_a_job_name_or_command_fails_naming_it(site: Site, missing: str) -> None:
+    """No default name (a second job would replace the first) and no default command: the host fails
+    with the variable named, nothing started; the other host relaunches all the same."""
+    del site.vars["job-a"][missing]
+    run = site.relaunch()
+    assert run.rc != 0
+    failed = summaries(run)["job-a"]
+    assert failed["relaunched"] is False and f"missing required arguments: {missing}" in failed["failed"], failed
+    assert not Path(site.state_dirs["job-a"]).exists()
+    assert not Path(site.vars["job-a"]["job_launch_log_path"]).exists()
+    assert summaries(run)["job-b"]["relaunched"] is True and site.pids()["job-b"]
