@@ -7,6 +7,7 @@ The first run builds the container's root filesystem with debootstrap (a few min
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,12 @@ def test_systemd_backend_lifecycle(container, tmp_path: Path) -> None:
     assert unit["KillMode"] == "mixed" and unit["CollectMode"] == "inactive-or-failed"
     assert unit["TimeoutStopUSec"] == "5s"
     assert "record-exit" in unit["ExecStopPost"]
+    # PID 1 is given no log path to open: the main process opened it and became the job.
+    assert unit["StandardOutput"].split(":")[0] not in ("append", "file", "truncate")  # shown without its path
+    fds = ct.run_inside(["readlink", f"/proc/{started['pid']}/fd/1", f"/proc/{started['pid']}/fd/2"]).stdout.split()
+    assert fds == [LOG, LOG]
+    environment = show(ct, "gpuops-job.service", "Environment")["Environment"]
+    assert environment.startswith("GPUOPS_RELAUNCH_RUN=") and " " not in environment  # the mark, nothing else
 
     assert play(ct, tmp_path, [start]).result("launch")["changed"] is False
 
@@ -115,3 +122,51 @@ def test_systemd_sigkill_when_term_is_ignored(container, tmp_path: Path) -> None
     assert stopped["changed"] is True and stopped["exit_signal"] == "SIGKILL"
     assert stopped["stop"]["escalated"] is True
     assert "--ignore-term" not in container.run_inside(["ps", "-eo", "args="]).stdout
+
+
+# Run as nobody inside the container: the moment the log appears (train_launch creates it and gives it
+# to the job's user), replace it with a symlink to a root-only file, before the job's output is opened.
+SWAPPER = r"""
+import os, stat, sys, time
+path, target = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 90
+while time.monotonic() < deadline:
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.symlink(target, path + ".swap")
+            os.rename(path + ".swap", path)
+            sys.exit(0)
+    except FileNotFoundError:
+        pass
+    time.sleep(0.0002)
+sys.exit(1)
+"""
+
+
+def test_a_log_swapped_for_a_symlink_after_the_checks_is_not_opened_by_root(container, tmp_path: Path) -> None:
+    """StandardOutput=append:PATH had PID 1 open the path as root after our checks, following the
+    symlink the job's user swapped in: the job's output went into a root-only file."""
+    ct = container
+    ct.run_inside(["sh", "-c", "rm -rf /var/log/swapped && mkdir /var/log/swapped && chown nobody:nogroup /var/log/swapped"
+                   " && printf 'root only\\n' > /root/secret && chmod 600 /root/secret"], check=True)
+    log = "/var/log/swapped/train.log"
+    swapper = subprocess.Popen(  # pylint: disable=consider-using-with
+        ["nsenter", f"--target={ct.init_pid}", "--mount", "--pid", "--uts", "--ipc", "--net", "--",
+         "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", SWAPPER, log,
+         "/root/secret"])
+    try:
+        result = play(ct, tmp_path, [launch(name="swapped", log_path=log, user="nobody", group="nogroup")]).result("launch")
+        assert swapper.wait(timeout=120) == 0, "the log never appeared"
+    finally:
+        if swapper.poll() is None:
+            swapper.kill()
+            swapper.wait()
+    assert ct.path("/root/secret").read_text() == "root only\n"
+    if result.get("failed"):
+        # The swap came before the open: refused (O_NOFOLLOW), and said so.
+        assert f"cannot open log_path {log}: Too many levels of symbolic links" in result["msg"], result["msg"]
+    else:
+        # The swap came after the open: the job writes to the file it was given, never to the link's target.
+        fd = ct.run_inside(["readlink", f"/proc/{result['pid']}/fd/1"]).stdout.strip()
+        assert fd == log + " (deleted)", fd
+    play(ct, tmp_path, [stop_task("swapped")])

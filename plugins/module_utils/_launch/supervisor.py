@@ -432,7 +432,11 @@ def exec_job(job_dir: str, run_id: str) -> int:
     try:
         if launch.get("run_id") != run_id:
             raise ValueError("launch.json is not the launch of run %s" % run_id)
-        log_fd = open_regular(launch["log_path"], os.O_WRONLY | os.O_APPEND)
+        try:
+            log_fd = open_regular(launch["log_path"], os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            raise OSError("cannot open log_path %s: %s (a symlink, FIFO or hard link there is refused)"
+                          % (launch["log_path"], exc.strerror or exc)) from None
         uid, gid, extra_groups = job_credentials(launch)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_NOFOLLOW)
         if launch.get("chdir"):
