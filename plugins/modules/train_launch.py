@@ -25,9 +25,13 @@ description:
     the state directory, so it does not depend on the module's temporary files (see the notes for
     containers whose init never reaps).
   - With O(backend=systemd) the job runs as a transient unit C(gpuops-NAME.service) started by
-    C(systemd-run --collect -p KillMode=mixed) with stdout and stderr appended to O(log_path). Its
-    exit status is recorded by an C(ExecStopPost=) hook, because a collected unit can no longer be
-    asked for it.
+    C(systemd-run --collect -p KillMode=mixed). The unit's main process is the supervisor program's
+    C(exec) mode (from the same private copy), which opens O(log_path) as the supervisor does, takes
+    O(user) and O(group), and becomes the job (same pid). systemd itself never opens the log (no
+    C(StandardOutput=append:PATH), which would have PID 1 open the path as root after every check,
+    through whatever symlink the job's user put there meanwhile), and the unit holds no O(env) (a
+    unit's environment is readable by every user) - only the run's mark. Its exit status is recorded
+    by an C(ExecStopPost=) hook, because a collected unit can no longer be asked for it.
   - O(state=started) is idempotent like a service. The job's spec is hashed (command, shell, env,
     chdir, user, group). If the job runs with the same spec, backend and O(log_path) nothing changes;
     if it runs with another spec or log path it is restarted; if it does not run it is started.
@@ -45,9 +49,26 @@ description:
     never signals PID 1, the module and its ancestors, members of the module's own process group,
     kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).
     A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
-  - Before anything is stopped or rotated, a start checks that it can work - the program is resolved
-    as the job's user (its C(PATH), or relative to O(chdir)) and must be executable for that user,
-    no argument or O(env) value holds a NUL byte, and O(log_path) is not a symlink, FIFO or device.
+  - Before anything is stopped or rotated, a start checks that it can work, in check mode exactly as
+    for real (so the probe of C(playbooks/relaunch.yml) fails where the start would, and nothing is
+    stopped) - the program is resolved as the job's user (its C(PATH), or relative to O(chdir)) and
+    must be executable for that user, O(chdir) exists, no argument or O(env) value holds a NUL byte,
+    the directory of O(log_path) exists or can be created and can be written (a read-only file
+    system is named), O(log_path) is not a symlink, FIFO, device or a file with other hard links, the
+    job's state directory can be kept in O(state_dir), O(remove_paths) can be reached safely, and
+    O(backend=systemd) has systemd as PID 1. Each problem names its option (RV(option_problems)).
+    A job found running with this spec needs none of this - it is left running.
+  - Paths are walked, not trusted. O(log_path), O(state_dir), O(remove_paths) and the job's records
+    are reached one directory at a time from C(/), each opened without following a symlink; a symlink
+    on the way is followed only where only root can change it (root's own link in a directory only
+    root may write, or a sticky one like C(/tmp)), and any other - one the job's user planted, say - is
+    refused, naming it. What is done there (rotate, set aside, create, read, remove) is done relative
+    to that directory, so swapping a directory afterwards changes nothing.
+  - Log lines are escaped before they leave the module - in RV(log_tail), RV(ready_line),
+    RV(health.last_progress_line), RV(health.last_step), RV(health.reason) and the incident record -
+    every control character but tab (C0, DEL, C1 such as C(U+009B)) and every byte that is not UTF-8
+    is written as C(\xNN), so a job's escape sequences (a window title, a cleared screen, colours)
+    never reach the operator's terminal.
   - A start first rotates an existing log (C(train.log) becomes C(train.log.1), keeping O(keep_logs)
     earlier logs; a log is never overwritten) - or, if that log is of a start that was never proven,
     sets it aside as C(train.log.failed) (one kept) so failed starts never push out a good run's
@@ -145,10 +166,11 @@ options:
     type: str
   log_path:
     description:
-      - Absolute path of the job's log (stdout and stderr). Its directory must exist and be writable
-        (in check mode a missing directory is accepted, since an earlier task may create it).
-      - It must be a regular file or not exist yet; a symlink, FIFO or device there is refused. It is
-        opened without following links and chowned to O(user) only if it has no other hard links.
+      - Absolute path of the job's log (stdout and stderr). A missing directory is created (mode 0755,
+        owned by the user the module runs as); the directory must be writable by that user.
+      - It must be a regular file of one link or not exist yet; a symlink, FIFO, device or a file with
+        other hard links there is refused. It is opened without following links (nor a symlink on the
+        way that another user than root can change) and chowned to O(user).
       - Required with O(state=started) and O(state=restarted).
     type: path
   keep_logs:
@@ -161,13 +183,15 @@ options:
       - Absolute path of the directory that holds one state directory per job (mode 0700, files 0600)
         with what was launched, what runs, and how the last run ended.
       - The records are read only as regular files and never trusted as proof of what to signal; one
-        that is not sound is reported in RV(record_problems) and ignored.
+        that is not sound is reported in RV(record_problems) and ignored. The path is walked like
+        O(log_path) (a symlink another user than root can change is refused).
     type: path
     default: /var/lib/gpuops
   backend:
     description:
       - V(auto) picks V(systemd) where PID 1 is systemd (C(/run/systemd/system) exists and
         C(systemd-run) is installed), and V(supervisor) everywhere else. The choice is returned in RV(backend).
+      - V(systemd) where PID 1 is not systemd is refused before anything is stopped.
       - O(state=stopped) always stops the job with the backend that started it.
     type: str
     choices: [auto, supervisor, systemd]
@@ -203,6 +227,8 @@ options:
     description:
       - Absolute paths removed (files, links or whole directories) before each start, for example the
         compile cache V(/tmp/torchinductor_root). V(/) and relative paths are refused.
+      - A link is removed, never followed, inside a directory too; a path whose directory is reached
+        through a symlink another user than root can change is refused before anything is stopped.
     type: list
     elements: path
     default: []
@@ -272,6 +298,8 @@ attributes:
     details:
       - Says in RV(msg) what it would do (start, restart, stop, rotate the log, remove paths) and
         changes nothing; RV(rotated_log) and RV(removed_paths) name what would be rotated and removed.
+      - A start that could not work fails in check mode too, with the same checks and messages as for
+        real (see the description).
       - RV(health) is judged as outside check mode; no incident record, progress record or relaunch
         history is written. A relaunch the crash-loop guard would refuse does not fail in check mode -
         RV(relaunch_guard.would_refuse) and RV(msg) say so.
@@ -390,7 +418,7 @@ log_path:
   type: str
   sample: /workspace/train.log
 log_tail:
-  description: The last O(log_tail_lines) lines of the log.
+  description: The last O(log_tail_lines) lines of the log, control characters escaped (C(\x1b)).
   returned: always, except in check mode when something would change
   type: list
   elements: str
@@ -438,7 +466,7 @@ unit:
   type: str
   sample: gpuops-llm-pretrain.service
 ready_line:
-  description: The log line that matched O(ready_regex) (C(null) without one).
+  description: The log line that matched O(ready_regex) (C(null) without one), control characters escaped.
   returned: after a start
   type: str
   sample: step 1 loss=2.31
@@ -459,8 +487,11 @@ ready_after:
   type: float
   sample: 5.1
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was changed.
-  returned: when the options were refused
+  description:
+    - Every problem found with the options (each with its RV(option_problems[].option) and
+      RV(option_problems[].reason)), or with what a start needs from the machine (the program,
+      O(chdir), the log's directory and file, O(state_dir), O(remove_paths), O(backend)); nothing was changed.
+  returned: when the options were refused, or a start could not work
   type: list
   elements: dict
   sample: [{"option": "term_timeout", "reason": "must be a finite number of seconds, got nan"}]
@@ -567,7 +598,7 @@ health:
       description: The first group of the last O(progress_regex) line (or the whole match); null without one.
       type: str
     last_progress_line:
-      description: The last line matching O(progress_regex).
+      description: The last line matching O(progress_regex), control characters escaped.
       type: str
     last_progress_at:
       description: The latest moment the last progress can have happened (ISO 8601, UTC); see the description.
