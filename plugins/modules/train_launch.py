@@ -42,9 +42,11 @@ description:
     environment carries the run's mark (C(GPUOPS_RELAUNCH_RUN=STATE_DIR/NAME:RUN_ID), set at spawn
     and inherited by everything the job starts) and it did not start before the run, or if it
     descends from the run's supervisor, itself proven by its own mark and start time, whatever its
-    environment. The same proof says whether the run's main process runs (its recorded pid and start
-    time, and membership), so a job whose command ends in C(exec env -i ...) (or C(su -), C(sudo -i), a
-    container runtime) and so loses the mark is still the job - running, and left alone by a second
+    environment - or, with the systemd backend, if it runs in the control group of the job's unit
+    (C(system.slice/gpuops-NAME.service) below systemd's root) and did not start before the run. The
+    same proof says whether the run's main process runs (its recorded pid and start time, and
+    membership), so a job whose command ends in C(exec env -i ...) (or C(su -), C(sudo -i), a container
+    runtime) and so loses the mark is still the job - running, and left alone by a second
     O(state=started). No process group is ever signalled as a whole; each member goes through the collection's signal gate, which
     never signals PID 1, the module and its ancestors, members of the module's own process group,
     kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).

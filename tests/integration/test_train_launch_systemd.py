@@ -6,6 +6,7 @@ The first run builds the container's root filesystem with debootstrap (a few min
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -170,3 +171,21 @@ def test_a_log_swapped_for_a_symlink_after_the_checks_is_not_opened_by_root(cont
         fd = ct.run_inside(["readlink", f"/proc/{result['pid']}/fd/1"]).stdout.strip()
         assert fd == log + " (deleted)", fd
     play(ct, tmp_path, [stop_task("swapped")])
+
+
+def test_a_job_that_clears_its_environment_is_still_the_systemd_job(container, tmp_path: Path) -> None:
+    """`env -i` drops the run's mark; the unit's control group (named after the job) still proves the
+    job: a second start leaves it alone and state=health says running."""
+    start = launch(name="cleared", command=["/usr/bin/env", "-i", "/usr/bin/python3", JOB_DEMO],
+                   log_path="/var/log/cleared.log")
+    first = play(container, tmp_path, [start]).result("launch")
+    assert first["changed"] is True and first["running"] is True and first["backend"] == "systemd", json.dumps(first)
+    environ = container.run_inside(["cat", f"/proc/{first['pid']}/environ"]).stdout
+    assert "GPUOPS_RELAUNCH_RUN" not in environ
+    second = play(container, tmp_path, [start]).result("launch")
+    assert second["changed"] is False and second["pid"] == first["pid"] and second["health"]["state"] == "running"
+    health = play(container, tmp_path, [stop_task("cleared", state="health")]).result("stop")
+    assert health["health"]["state"] == "running" and health["running"] is True
+    stopped = play(container, tmp_path, [stop_task("cleared")]).result("stop")
+    assert stopped["changed"] is True and stopped["health"]["state"] == "running"
+    assert "cleared.log" not in container.run_inside(["ps", "-eo", "args="]).stdout

@@ -10,7 +10,13 @@ what to signal: a process belongs to the run only if
   with, and did not start before the run; or
 * it descends from the run's supervisor, itself proven by its own mark
   (``GPUOPS_RELAUNCH_SUPERVISOR=JOB_DIR``) and its start time: as the child subreaper it adopts
-  whatever the job orphans, so a process of the job that cleared its environment is still found.
+  whatever the job orphans, so a process of the job that cleared its environment is still found;
+* with the systemd backend, it runs in the job's unit's control group (``system.slice/gpuops-NAME.service``
+  below systemd's own root, the unit named after the job, never after the record) and did not start
+  before the run: systemd puts there what the unit starts, whatever its environment.
+
+The same proof says whether the run's main process runs (:func:`leader_alive`): health, the probe
+and ``state=started`` judge liveness exactly as the stop path judges membership.
 
 A recorded pid that fails the proof (a recycled pid, a record restored or edited) is reported and
 ignored. The record's process group id is never used: a group is signalled member by member,
@@ -26,13 +32,14 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.systemd import unit_name
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
     RUN_MARK,
     SUPERVISOR_MARK,
     run_mark,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable, compile_patterns
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable, compile_patterns, read_small
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import DEFAULT_PROTECTED, Protection
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     REFUSED,
@@ -77,6 +84,8 @@ class JobIdentity:
     starttime: int | None = None
     supervisor_pid: int | None = None
     supervisor_starttime: int | None = None
+    # The systemd backend's unit, derived from the job's name (never taken from the record).
+    unit: str | None = None
 
     @classmethod
     def from_run(cls, run: dict, job_dir: str, source: str = "run.json") -> "JobIdentity":
@@ -92,6 +101,7 @@ class JobIdentity:
             starttime=_record_int(run, "starttime", source, required=False),
             supervisor_pid=_record_int(run, "supervisor_pid", source, required=False),
             supervisor_starttime=_record_int(run, "supervisor_starttime", source, required=False),
+            unit=unit_name(os.path.basename(job_dir)) if run.get("backend") == "systemd" else None,
         )
 
     @property
@@ -122,6 +132,36 @@ def _carries(table: ProcessTable, process: Process, name: str) -> str | None:
     return ProcessControl(table.proc_root).environ_value(Identity.of(process), name)
 
 
+def unit_control_groups(proc_root: str, unit: str) -> frozenset[bytes]:
+    """The /proc/PID/cgroup lines of a process in system unit `unit`, one per hierarchy.
+
+    systemd-run puts a transient system unit in system.slice below systemd's root, which is PID 1's
+    own control group without its init.scope: ``/`` where the container has a cgroup namespace,
+    ``/lxc.payload.NAME`` where it has none. Only that exact path counts: a unit of the same name
+    elsewhere (a user's systemd, another container's tree seen from the host) is not this job's.
+    """
+    expected = set()
+    for line in (read_small(f"{proc_root}/1/cgroup") or b"").splitlines():
+        hierarchy, sep, root = line.rpartition(b":")
+        if not sep:
+            continue
+        if root.endswith(b"/init.scope"):
+            root = root[: -len(b"/init.scope")]
+        expected.add(hierarchy + b":" + root.rstrip(b"/") + b"/system.slice/" + unit.encode())
+    return frozenset(expected)
+
+
+def _in_control_group(table: ProcessTable, process: Process, groups: frozenset[bytes]) -> bool:
+    """Whether exactly the process the scan saw runs in one of `groups` (lines of /proc/PID/cgroup).
+
+    The start time is checked after the read, so what was read belongs to this process, not to a
+    later one with its pid.
+    """
+    raw = read_small(f"{table.proc_root}/{process.pid}/cgroup")
+    found = raw is not None and any(line in groups for line in raw.splitlines())
+    return found and ProcessControl(table.proc_root).current(Identity.of(process)) is not None
+
+
 def stop_gate(table: ProcessTable, control: ProcessControl | None = None) -> SignalGate:
     """The signal gate of the launch path for one scan; the module's own process group is spared too."""
     return SignalGate(Protection(table, STOP_PROTECTED), control or ProcessControl(table.proc_root),
@@ -142,10 +182,11 @@ def proven_supervisor(table: ProcessTable, supervisor: Identity | None, job_dir:
 def leader_alive(identity: JobIdentity, proc_root: str = "/proc") -> bool:
     """Whether the run's main process runs: its recorded pid and start time, proven a member of the run.
 
-    The same proof as the stop path's (:func:`prove`): the run's mark, or descent from the run's
-    proven supervisor - a job whose command ends in ``exec env -i ...`` (``su -``, ``sudo -i``, a
-    container runtime) has lost the mark but is still the job. Only the leader's line of ancestors
-    is read, not the whole process table: this runs on every poll of the readiness wait.
+    The same proof as the stop path's (:func:`prove`): the run's mark, descent from the run's proven
+    supervisor, or its systemd unit's control group - a job whose command ends in ``exec env -i ...``
+    (``su -``, ``sudo -i``, a container runtime) has lost the mark but is still the job. Only the
+    leader's line of ancestors is read, not the whole process table: this runs on every poll of the
+    readiness wait.
     """
     leader = identity.leader
     return leader is not None and prove(_lineage(leader.pid, proc_root), identity).leader_running
@@ -250,12 +291,14 @@ class TreeView:
 
 
 def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
-    """Processes that carry the run's mark and did not start before the run."""
+    """Processes that did not start before the run and carry its mark or run in its unit's control group."""
     floor = identity.starttime or 0
     mark = identity.mark
+    groups = unit_control_groups(table.proc_root, identity.unit) if identity.unit else frozenset()
     return {
         pid for pid, process in table.processes.items()
-        if process.starttime >= floor and not process.is_zombie and _carries(table, process, RUN_MARK) == mark
+        if process.starttime >= floor and not process.is_zombie and (
+            _carries(table, process, RUN_MARK) == mark or (groups and _in_control_group(table, process, groups)))
     }
 
 
@@ -290,8 +333,9 @@ def prove(table: ProcessTable, identity: JobIdentity,
           supervisor_idle: Callable[[], bool] = lambda: False) -> TreeView:
     """The run's members in `table`: the one proof of membership, for the stop path and for liveness.
 
-    A member carries the run's mark and did not start before the run, or descends from the run's
-    supervisor, proven by its own mark and its start time, whatever its environment.
+    A member did not start before the run and carries the run's mark or runs in its systemd unit's
+    control group, or it descends from the run's supervisor, proven by its own mark and its start
+    time, whatever its environment.
     """
     members = _marked_members(table, identity)
     supervisor_alive = proven_supervisor(table, identity.supervisor, identity.job_dir)

@@ -28,6 +28,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import REFUSED
+from tests.harness.fakeproc import FakeProc
 
 JOB_DIR = "/var/lib/gpuops-test/job"
 RUN_ID = "run-1"
@@ -234,3 +235,39 @@ def test_leader_alive_sees_reuse_and_zombies() -> None:
 def test_a_run_record_of_the_wrong_kind_is_a_record_error(run) -> None:
     with pytest.raises(RecordError, match="^run.json: "):
         JobIdentity.from_run(run, JOB_DIR)
+
+
+UNIT_GROUP = "/system.slice/gpuops-job.service"  # JOB_DIR's name is "job"
+HOST_INIT = "0::/init.scope\n"
+
+
+@pytest.mark.parametrize("backend, init_cgroup, cgroup, alive", [
+    ("systemd", HOST_INIT, f"0::{UNIT_GROUP}\n", True),
+    ("systemd", "0::/\n", f"0::{UNIT_GROUP}\n", True),  # PID 1 at the root of a cgroup namespace
+    # A container without a cgroup namespace: systemd's root is its own group, without init.scope.
+    ("systemd", "0::/lxc.payload.ct/init.scope\n", f"0::/lxc.payload.ct{UNIT_GROUP}\n", True),
+    ("systemd", "12:memory:/init.scope\n1:name=systemd:/init.scope\n",
+     f"12:memory:{UNIT_GROUP}\n1:name=systemd:{UNIT_GROUP}\n", True),  # cgroup v1
+    ("supervisor", HOST_INIT, f"0::{UNIT_GROUP}\n", False),  # only the systemd backend's runs live in a unit
+    ("systemd", HOST_INIT, "0::/user.slice/user-1000.slice/user@1000.service/app.slice/gpuops-job.service\n", False),
+    ("systemd", HOST_INIT, f"0::/lxc.payload.200{UNIT_GROUP}\n", False),  # a container's job seen from the host
+    ("systemd", "0::/lxc.payload.ct/init.scope\n", f"0::{UNIT_GROUP}\n", False),
+    ("systemd", HOST_INIT, "0::/system.slice/gpuops-other.service\n", False),
+    ("systemd", HOST_INIT, f"0::{UNIT_GROUP}/extra\n", False),
+    ("systemd", HOST_INIT, f"1:name=systemd:{UNIT_GROUP}\n", False),  # another hierarchy than PID 1's
+])
+def test_a_systemd_leader_without_its_mark_is_alive_in_its_units_control_group(tmp_path, backend, init_cgroup,
+                                                                               cgroup, alive) -> None:
+    """The systemd backend has no supervisor: the unit's control group below systemd's root (the unit
+    named after the job, not after the record) proves a leader that cleared its environment."""
+    fake = FakeProc(tmp_path)
+    (fake.add(1, "systemd", ppid=0, starttime=10) / "cgroup").write_text(init_cgroup)
+    leader = fake.add(50, "python3", ppid=1, starttime=5000)
+    (leader / "environ").write_bytes(b"PATH=/usr/bin\0")  # `exec env -i`: no mark
+    (leader / "cgroup").write_text(cgroup)
+    run = {"run_id": RUN_ID, "backend": backend, "unit": "ssh.service", "pid": 50, "starttime": 5000}
+    job = JobIdentity.from_run(run, JOB_DIR)
+    assert leader_alive(job, str(tmp_path)) is alive
+    assert (50 in look(job, str(tmp_path)).members) is alive
+    # The pid with another start time (reused) is never the leader, whatever its control group.
+    assert not leader_alive(dataclasses.replace(job, starttime=4999), str(tmp_path))
