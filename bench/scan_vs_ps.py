@@ -5,8 +5,9 @@ alternating so both see the same machine state:
 
 * ps        `ps -eo pid,ppid,stat,nlwp,comm` (the baseline)
 * scan      ProcessTable.scan(): stat of every process, cmdline where one can exist
-* snapshot  the full zombie_facts assessment: scan + job selection by regex with descendants +
-            protection + GPU device holders (glob /dev/nvidia*) + zombie/D classification
+* snapshot  what zombie_facts does in one run: one scan + job selection by regex with descendants +
+            the selection floor (judged on that same scan) + protection + other jobs' processes + GPU
+            device holders (glob /dev/nvidia*) + zombie/D classification
 * members   one look of train_launch's stop path at its worst: every spawned process carries the
             run's mark and started after the run, so each one's environment is read and checked
 
@@ -32,10 +33,7 @@ sys.path.insert(0, str(REPO / ".build" / "collections"))
 # pylint: disable=wrong-import-position
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import AssessmentOptions, assess  # noqa: E402
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable  # noqa: E402
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (  # noqa: E402
-    DEFAULT_PROTECTED,
-    JobSelector,
-)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JobSelector  # noqa: E402
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import RUN_MARK, run_mark  # noqa: E402
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, look  # noqa: E402
 
@@ -86,9 +84,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
+    # The module's defaults: no protected patterns (the built-in protection judges executables).
     options = AssessmentOptions(
         selector=JobSelector.from_options([r"/workspace/run/train\.py\b"], [], True),
-        protected=tuple(JobSelector.from_options(DEFAULT_PROTECTED, [], False).patterns),
         orphan_grace=0.0,
     )
     actions = {
