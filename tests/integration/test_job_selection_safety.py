@@ -207,6 +207,12 @@ def job_tree(target: Target, state: dict) -> set[int]:
     return {leader} | {p.pid for p in procs.values() if p.ppid == leader}
 
 
+def whole_tree(target: Target, state: dict) -> set[int] | None:
+    """The job's three processes once both workers have started, else None."""
+    tree = job_tree(target, state)
+    return tree if len(tree) == 3 else None
+
+
 def test_the_clean_up_for_one_job_leaves_another_job_running_the_same_script(tmp_path):
     script = tmp_path / "same" / "train.py"
     script.parent.mkdir()
@@ -218,8 +224,8 @@ def test_the_clean_up_for_one_job_leaves_another_job_running_the_same_script(tmp
         started = target.play(launch)
         assert started.tasks and all(r.get("failed") is not True for t in started.tasks.values() for r in t), started.stdout[-3000:]
         runs = {name: target.read_state(name, "run.json") for name in ("a", "b")}
-        trees = {name: wait_until(lambda name=name: (lambda t: t if len(t) == 3 else None)(job_tree(target, runs[name])),
-                                  what=f"job {name}'s workers") for name in ("a", "b")}
+        trees = {name: wait_until(lambda name=name: whole_tree(target, runs[name]), what=f"job {name}'s workers")
+                 for name in ("a", "b")}
         # The same command lines: a pattern for one is a pattern for both.
         procs = target.processes()
         assert {procs[pid].args for pid in trees["a"]} == {procs[pid].args for pid in trees["b"]}
