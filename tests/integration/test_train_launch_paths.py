@@ -238,6 +238,20 @@ def test_a_directory_the_jobs_user_swapped_for_a_symlink_is_never_followed(targe
         rootonly_untouched(site)
 
 
+def test_the_job_launch_role_never_follows_a_planted_log_directory(target: Target, site: Path) -> None:
+    # The role used to make the log directory with ansible.builtin.file, which follows a symlink and
+    # set the root-only directory at its end to 0755; train_launch now makes it, walking the path.
+    plant(site, "logs")
+    run = target.play([{"name": "role", "ansible.builtin.include_role": {"name": "gpuops.relaunch.job_launch"},
+                        "vars": {"job_launch_name": "job", "job_launch_command": [PYTHON, DEMO],
+                                 "job_launch_log_path": str(site / "home" / "logs" / "train.log"),
+                                 "job_launch_state_dir": target.state_dir}}])
+    failed = run.result("gpuops.relaunch.job_launch : Launch the job and prove it started")
+    assert failed["failed"] is True and f"{site}/home/logs is a symbolic link" in failed["msg"]
+    assert (site / "rootonly").stat().st_mode & 0o777 == 0o700
+    rootonly_untouched(site)
+
+
 def test_a_state_dir_the_jobs_user_swapped_for_a_symlink_is_never_written_through(target: Target, site: Path) -> None:
     state_dir = str(site / "home" / "state")
     with readable_by_all(DEMO) as copies:
