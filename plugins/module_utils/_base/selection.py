@@ -104,8 +104,8 @@ class JobSelector:
 # file the kernel executed (/proc/PID/exe), where that file lies (only root installs programs
 # under /usr), its user, and where it sits in the process tree.
 
-# Programs never signalled unless the user's own patterns say so: the way in (sshd), the service
-# manager and init, the container runtime and its monitors, and the Proxmox cluster file system.
+# Programs never signalled, whatever the options say: the way in (sshd), the service manager and
+# init, the container runtime and its monitors, and the Proxmox cluster file system.
 PROTECTED_PROGRAMS = frozenset({
     "sshd", "sshd-session", "sshd-auth", "init", "systemd",
     "containerd", "dockerd", "runc", "crun", "conmon", "lxcfs", "lxc-start", "lxc-monitord",
