@@ -79,8 +79,10 @@ options:
   protected:
     description:
       - Regular expressions over the command line or the comm of processes that must never be
-        signalled, in addition to the collection's default protected list (sshd, systemd, init, the
-        container runtime and the Proxmox daemons), which always applies here.
+        signalled, in addition to the collection's built-in protection, which always applies here -
+        sshd, systemd, init, the container runtime and the Proxmox daemons, known by their
+        executable (C(/proc/PID/exe)) and not by a command line. A process writes its own command
+        line and comm, so these patterns spare whatever claims to match them.
       - Protected holders are spared (RV(spared) reason V(protected)) and keep their memory.
     type: list
     elements: str

@@ -51,8 +51,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
 
 KILL_WAIT = 30.0
 POLL_INTERVAL = 0.1
-# The stop path has no `protected` option of its own: the default list (sshd, systemd, init, the
-# container runtime) applies, on top of what the gate always protects.
+# The stop path has no `protected` option of its own: the modules' default patterns (none) apply, on
+# top of what the gate always protects (sshd, systemd, init, the container runtime by their executable).
 STOP_PROTECTED = tuple(compile_patterns(DEFAULT_PROTECTED, "protected"))
 
 
