@@ -35,10 +35,10 @@ _TMP_ATTEMPTS = 100
 
 
 class UnsafePath(OSError):
-    """A path that cannot be walked without trusting what another user can change; names the component."""
+    """A path that cannot be walked without trusting what another user can change; names the component.
 
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(code, reason)
+    Raised as UnsafePath(errno, reason); str() is the reason alone.
+    """
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -88,7 +88,7 @@ class Walk:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "Walk":
+    def __enter__(self) -> Walk:
         return self
 
     def __exit__(self, *_exc: object) -> None:

@@ -139,7 +139,7 @@ def test_a_deep_tree_is_removed_without_recursion(site: Path) -> None:
     deep = site / "rootonly" / "deep"
     deep.mkdir()
     fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(1200):  # deeper than Python's default recursion limit (and than os.makedirs goes)
+    for _depth in range(1200):  # deeper than Python's default recursion limit (and than os.makedirs goes)
         os.mkdir("d", dir_fd=fd)
         inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
         os.close(fd)
