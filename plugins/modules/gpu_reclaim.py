@@ -15,9 +15,10 @@ description:
     waits, and reports what was ended, what was spared and why, and what still holds on.
   - "Never signalled, whatever the options say: PID 1 of the namespace, the process running this
     module and all its ancestors (the Ansible connection), kernel threads, processes matching the
-    default protected list or O(protected), processes of Ansible itself (an Ansible program or
-    module, or a member of the process group of the Ansible process running this module), and
-    processes matching O(allow). These are returned in RV(spared) with their reason."
+    default protected list or O(protected), members of the process group of the Ansible process
+    running this module, and processes matching O(allow). A process that merely runs something named
+    like Ansible is not spared: any GPU user can name its program so. These are returned in
+    RV(spared) with their reason."
   - "Not signalled either, because no signal ends them or they cannot be identified: a plain zombie
     (its parent must reap it), a pid the driver lists that no longer exists, a pid newer than the
     module's look at the process table (a re-run ends it), and every listed pid where the driver's
@@ -247,7 +248,7 @@ spared:
   description:
     - Holders that were not signalled, with C(reason) and C(detail). Reasons by policy (they keep
       their memory, the release does not count them) are V(allow_listed), V(protected), V(ancestor),
-      V(pid1) and V(ansible). The others must still let go of the GPU for the release, they are
+      V(pid1) and V(ansible) (in the process group of the Ansible process running this module). The others must still let go of the GPU for the release, they are
       V(zombie) (no signal ends it), V(gone) (listed, but no such process), V(recycled) (its pid now
       belongs to another process, which was not signalled), V(appeared) (newer than the look),
       V(invisible) (a host pid seen from another PID namespace, see O(driver_pids)), V(denied) and

@@ -112,7 +112,15 @@ SPOOF_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
         assert proc.stdout.readline().strip() == "ready"
         return proc
 
-    holders = {"sshd_in_args": spoofed(PYTHON, "--via", "sshd"), "argv0_ansible": spoofed("ansible-playbook")}
+    # And a Python running a script of its own named ansible-playbook: what it runs is named by its user too.
+    named_script = work / "bin" / "ansible-playbook"
+    named_script.parent.mkdir()
+    named_script.write_text(HOLD)
+    script = subprocess.Popen([PYTHON, str(named_script), "plain", f"{work}/ci/train.py", str(GPU_FILE)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert script.stdout.readline().strip() == "ready"
+    holders = {"sshd_in_args": spoofed(PYTHON, "--via", "sshd"), "argv0_ansible": spoofed("ansible-playbook"),
+               "script_named_ansible": script}
     for proc in holders.values():
         gpu.register(proc.pid, 2048)
     params = {"devices": ["0"], "allow": [], "protected": [], "term_timeout": 1, "kill": True, "release_timeout": 30,
@@ -134,7 +142,7 @@ def test_gpu_reclaim_ends_holders_that_claim_protection_and_the_release_is_real(
     pids = set(report["pids"].values())
     assert {entry["pid"] for entry in report["targets"]} == pids, report["spared"]
     assert not pids & {entry["pid"] for entry in report["spared"]}
-    assert report["alive"] == {"sshd_in_args": False, "argv0_ansible": False}
+    assert report["alive"] == {"sshd_in_args": False, "argv0_ansible": False, "script_named_ansible": False}
     assert pids <= {entry["pid"] for entry in report["ended"]}
     assert report["released"] is True and report["escalation"] == "none", report
 

@@ -6,7 +6,7 @@ On a CI runner or a shared box the GPUs are held by whatever ran last, not by on
 the selection is "the holders the driver lists on these GPUs", less what must be spared:
 
 * what is never signalled anywhere in this collection (PID 1, the module's own process and its
-  ancestors, kernel threads, the protected patterns, the processes of the Ansible run itself);
+  ancestors, kernel threads, the protected programs and patterns, the module's own process group);
 * what the user allow-lists (patterns over the command line or the executable);
 * what signals cannot end or that cannot be identified: a plain zombie (its parent must reap it),
   a pid the driver lists that no longer exists, and every listed pid where the driver's pids are
@@ -60,7 +60,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     DEFAULT_PROTECTED,
     NAMESPACE_INIT_PID,
     Protection,
-    is_ansible_process,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     DENIED,
@@ -295,7 +294,8 @@ def plan_reclaim(
             holders.setdefault(listed.pid, Holder(listed.pid, process=table.processes.get(listed.pid))).add(device, listed.used_bytes)
     for holder in holders.values():
         if holder.process is not None:
-            holder.exe = _executable(table, holder.process)
+            holder.exe = table.executable(holder.pid)
+            _zombie_leader_cmdline(table, holder.process)
     # Before any pattern is matched: Protection reads the command lines from the same table.
     protection = Protection(table, options.protected, own_pid)
     for pid in sorted(holders):
@@ -326,27 +326,19 @@ def _look(source: GpuSource, indices: list[int], proc_root: str, visible: bool) 
     return table, devices
 
 
-def _executable(table: ProcessTable, process: Process) -> str:
-    """The executable of `process`; for a zombie leader whose threads run on
-    (``Zl``), also fills in its command line from a live thread.
+def _zombie_leader_cmdline(table: ProcessTable, process: Process) -> None:
+    """Fill in the command line of a zombie leader whose threads run on (``Zl``) from a live thread.
 
-    A ``Zl`` leader's own ``cmdline`` and ``exe`` are empty, but its live threads still run the
-    program: without this, an allow-listed or protected program whose main thread exited would
-    match nothing and be ended.
+    A ``Zl`` leader's own ``cmdline`` is empty, but its live threads still run the program:
+    without this, an allow-listed program whose main thread exited would match nothing and be ended.
     """
-    base = f"{table.proc_root}/{process.pid}"
-    if process.is_zombie and process.threads > 1:
-        live = [t for t in table.load_threads(process.pid) if t.state not in ("Z", "X")]
-        if not live:
-            return ""
-        base = f"{base}/task/{live[0].tid}"
-        raw = read_small(f"{base}/cmdline")
+    if not (process.is_zombie and process.threads > 1):
+        return
+    live = [t for t in table.load_threads(process.pid) if t.state not in ("Z", "X")]
+    if live:
+        raw = read_small(f"{table.proc_root}/{process.pid}/task/{live[0].tid}/cmdline")
         if raw:
             process.cmdline = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-    try:
-        return os.readlink(f"{base}/exe")
-    except OSError:
-        return ""  # a kernel thread, a plain zombie, or not ours to read
 
 
 def _why_spared(
@@ -369,8 +361,10 @@ def _why_spared(
     why = protection.reason(pid)
     if why is not None:
         return PROTECTED, why
-    if is_ansible_process(process, holder.exe) or (spare_group is not None and process.pgid == spare_group):
-        return ANSIBLE, "runs Ansible, or is in the process group of the Ansible process running this module"
+    # Ansible is spared by its relation to this module only (the connection's ancestors above, its
+    # process group here): what a process runs can be named after Ansible by any GPU user.
+    if spare_group is not None and process.pgid == spare_group:
+        return ANSIBLE, "is in the process group of the Ansible process running this module"
     for rx in options.allow:
         if rx.search(process.cmdline) or (holder.exe and rx.search(holder.exe)):
             return ALLOW_LISTED, f"matches allow pattern {rx.pattern!r}"

@@ -177,17 +177,18 @@ def test_plan_ends_unlisted_holders_and_spares_by_policy_with_reasons(proc, gpu_
     proc.add(204, "ansible-playboo", cmdline=["/venv/bin/python", "/venv/bin/ansible-playbook", "x.yml"],
              exe="/usr/bin/python3.11")
     proc.add(205, "python3", pgid=77, cmdline=["python3", "helper.py"])       # in the module's process group
-    holding(proc, gpu_file, 200)
+    holding(proc, gpu_file, 200, 204)
     gpus = [device(0, {1: 10, 100: 10, 101: 10, 200: 4096, 201: 80, 202: 10, 203: 512, 204: 10, 205: 10, 999: 64})]
     source = ScriptedSource([gpus])
     options = options_from_params(params(allow=[r"^/usr/bin/dcgm-exporter\b"], gpu_device_glob=device_glob(gpu_file)))
     plan = plan_reclaim(source, options, str(proc.root), own_pid=101, spare_group=77)
-    assert [holder.pid for holder in plan.targets] == [200]
+    # 204 runs something named ansible-playbook and holds the GPU: a name anyone can give a program
+    # spares nothing; only the module's own chain and process group are Ansible's.
+    assert [holder.pid for holder in plan.targets] == [200, 204]
     assert spared(plan) == {1: "pid1", 100: "ancestor", 101: "ancestor", 201: "allow_listed", 202: "protected",
-                            203: "zombie", 204: "ansible", 205: "ansible", 999: "gone"}
-    assert plan.policy_spared_pids == {1, 100, 101, 201, 202, 204, 205}
-    (target,) = plan.targets
-    entry = target.entry()
+                            203: "zombie", 205: "ansible", 999: "gone"}
+    assert plan.policy_spared_pids == {1, 100, 101, 201, 202, 205}
+    entry = plan.targets[0].entry()
     assert entry["cmdline"] == "python3 /ci/job/train.py" and entry["gpus"] == [0] and entry["used_mib"] == 4096
     # The table is read before the driver is asked for the holders (the identity rests on that order).
     assert source.asked == [None, [0]]
