@@ -248,7 +248,8 @@ spared:
   description:
     - Holders that were not signalled, with C(reason) and C(detail). Reasons by policy (they keep
       their memory, the release does not count them) are V(allow_listed), V(protected), V(ancestor),
-      V(pid1) and V(ansible) (in the process group of the Ansible process running this module). The others must still let go of the GPU for the release, they are
+      V(pid1) and V(ansible) (in the process group of the Ansible process running this module). The
+      others must still let go of the GPU for the release, they are
       V(zombie) (no signal ends it), V(gone) (listed, but no such process), V(recycled) (its pid now
       belongs to another process, which was not signalled), V(appeared) (newer than the look),
       V(invisible) (a host pid seen from another PID namespace, see O(driver_pids)), V(denied) and
