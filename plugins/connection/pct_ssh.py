@@ -181,10 +181,13 @@ options:
       - Directory of the shared connections' control sockets. Created with mode C(0700) when
         missing; refused unless it is a directory (not a link) of this user that no one else has
         any access to (mode C(0700) or stricter).
-      - Every directory above it, from C(/) down, must be a real directory (not a link) that belongs
-        to C(root) or to this user and that no other user may write to, unless it has the sticky bit
-        (as C(/tmp) has). Otherwise another user could rename the directory and put one of their own,
-        with their own control socket, in its place. Missing directories are created with mode C(0700).
+      - Every directory above it, from C(/) down, must be a real directory that belongs to C(root) or
+        to this user and that no other user may write to, unless it has the sticky bit (as C(/tmp)
+        has). Otherwise another user could rename the directory and put one of their own, with their
+        own control socket, in its place. Missing directories are created with mode C(0700).
+      - A symlink on the way is followed only where only C(root) can change it (an administrator's
+        C(/home -> /srv/home)), and C(ssh) is then given the path without it, the one that was
+        checked; any other symlink is refused.
       - Taken literally. A C(%) or a C($) in it fails the task, naming this option, because ssh would
         expand its tokens (C(%u), C(%h), ...) and C(${VARIABLE}) and use a directory that was never
         checked. So do quotes, backslashes and control characters.
@@ -315,8 +318,8 @@ from ansible.utils.display import Display
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir import (
     NO_ACCESS_FOR_OTHERS,
-    absolute_dir,
     check_private_dir,
+    resolve_dir,
 )
 
 display = Display()
@@ -369,27 +372,29 @@ class Connection(ConnectionBase):
         return f"{node}:{port}" if port else node
 
     def _private_control_dir(self) -> str:
-        """The control socket directory: taken literally, walked from / and private to this user (made 0700
+        """The control socket directory ssh is to use: taken literally, root's symlinks on the way resolved
+        (so that the path ssh opens is the one checked), walked from / and private to this user (made 0700
         where missing); AnsibleError naming control_path_dir otherwise."""
         given = to_text(self.get_option("control_path_dir"))
-        if any(char in given for char in SSH_EXPANDED) or any(unicodedata.category(char) == "Cc" for char in given):
-            # ssh expands %u, %h, ${HOME} ... in a ControlPath and parses quotes and backslashes: the
-            # directory it used would not be the one checked here, and could be another user's.
-            raise AnsibleError(
-                f"gpuops.relaunch.pct_ssh: control_path_dir {given!r} must not contain %, $, quotes, backslashes or"
-                " control characters: ssh would expand %-tokens (%u, %h, ...) and ${VARIABLES} in it and use a"
-                " directory that was never checked; give the directory literally (for example ~/.ansible/pct_ssh)"
-            )
-        path = absolute_dir(given)
-        if len(os.fsencode(path)) > MAX_CONTROL_DIR_BYTES:
-            # ssh names the socket DIR/%C (40 hex digits) and first binds DIR/%C.<16 random
-            # characters>: a longer directory fails later with "too long for Unix domain socket".
-            raise AnsibleError(
-                f"gpuops.relaunch.pct_ssh: control_path_dir {path} is too long for a control socket"
-                f" (at most {MAX_CONTROL_DIR_BYTES} bytes: a Unix socket's path is limited to 107);"
-                " choose a shorter directory"
-            )
         try:
+            if any(char in given for char in SSH_EXPANDED) or any(unicodedata.category(char) == "Cc" for char in given):
+                # ssh expands %u, %h, ${HOME} ... in a ControlPath and parses quotes and backslashes: the
+                # directory it used would not be the one checked here, and could be another user's.
+                raise BadOption(
+                    "control_path_dir",
+                    f"{given!r} must not contain %, $, quotes, backslashes or control characters: ssh would expand"
+                    " %-tokens (%u, %h, ...) and ${VARIABLES} in it and use a directory that was never checked;"
+                    " give the directory literally (for example ~/.ansible/pct_ssh)",
+                )
+            path = resolve_dir("control_path_dir", given)
+            if len(os.fsencode(path)) > MAX_CONTROL_DIR_BYTES:
+                # ssh names the socket DIR/%C (40 hex digits) and first binds DIR/%C.<16 random
+                # characters>: a longer directory fails later with "too long for Unix domain socket".
+                raise BadOption(
+                    "control_path_dir",
+                    f"{path} is too long for a control socket (at most {MAX_CONTROL_DIR_BYTES} bytes: a Unix"
+                    " socket's path is limited to 107); choose a shorter directory",
+                )
             check_private_dir("control_path_dir", path, NO_ACCESS_FOR_OTHERS)
         except BadOption as exc:
             raise AnsibleError(f"gpuops.relaunch.pct_ssh: {exc}") from None

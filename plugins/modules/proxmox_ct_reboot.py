@@ -125,9 +125,11 @@ options:
     description:
       - Directory of the node slot files on the host the module runs on (the controller). Created with
         mode 0700 when missing; it must be owned by the user running the module and writable by no one
-        else, and is never followed through a symlink.
-      - Every directory above it, from C(/) down, must be a real directory (not a symlink) of C(root) or
-        of that user that no other user may write to, unless it has the sticky bit (as C(/tmp) has).
+        else.
+      - Every directory above it, from C(/) down, must be a directory of C(root) or of that user that no
+        other user may write to, unless it has the sticky bit (as C(/tmp) has). A symlink on the way (or
+        the directory itself as a symlink) is followed only where only C(root) can change it; any other
+        is refused.
       - The slot files are named by the node's name (made safe for a file name) and a hash of its
         cluster and name, so no answer of the API leads outside this directory.
     type: path

@@ -19,6 +19,11 @@ the one above, and every component must be:
 The directory itself must be owned by this user, without the mode bits the caller forbids. Missing
 components are created ``0700`` and then checked like the others (someone who raced us to create
 one owns it, and is refused).
+
+A symlink on the path the user gave is followed only where only root can change it (safepath's
+rule: ``/home -> /srv/home`` made by the administrator), and only by ``resolve_dir``, which gives
+the path without it. That resolved path is what is checked and what the caller hands on (to ssh, say):
+it has no symlink left, and no one but root and this user can change any of its components.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import errno
 import os
 import stat
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 
 # What the directory itself may not allow others: any access (a control socket directory), or writing.
@@ -36,9 +42,16 @@ CREATE_MODE = 0o700
 _OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def absolute_dir(path: str) -> str:
-    """`path` with ``~`` expanded, absolute and normalised: the form that is walked and then used."""
-    return os.path.abspath(os.path.expanduser(path))
+def resolve_dir(option: str, path: str) -> str:
+    """`path` with ``~`` expanded, made absolute, and the symlinks on it that only root can change
+    resolved (safepath.walk; its missing tail kept as given): the form that is checked and then used.
+    BadOption naming `option` for any other symlink, or a component that is not a directory."""
+    absolute = os.path.abspath(os.path.expanduser(path))
+    try:
+        with safepath.walk(absolute, stop_at_missing=True) as walked:
+            return os.path.join(walked.reached, *walked.missing)
+    except OSError as exc:
+        raise BadOption(option, f"{absolute}: {exc if isinstance(exc, safepath.UnsafePath) else exc.strerror}") from None
 
 
 def _why_not_a_directory(parent_fd: int, name: str, shown: str) -> str:
@@ -89,9 +102,9 @@ def _check_above(option: str, info: os.stat_result, shown: str, uid: int) -> Non
 
 
 def open_private_dir(option: str, path: str, forbidden_mode: int = NO_ACCESS_FOR_OTHERS, create: bool = True) -> int:
-    """An fd (O_DIRECTORY, close-on-exec) on absolute `path`, walked from ``/`` and checked as the module
-    docstring says; its missing components are created 0700 when `create`. BadOption naming
-    `option` and the component at fault otherwise. The caller closes the fd."""
+    """An fd (O_DIRECTORY, close-on-exec) on `path` (absolute, without symlinks: see resolve_dir),
+    walked from ``/`` and checked as the module docstring says; its missing components are created 0700
+    when `create`. BadOption naming `option` and the component at fault otherwise. The caller closes the fd."""
     if not os.path.isabs(path):
         raise BadOption(option, f"{path} is not an absolute path")
     uid = os.geteuid()

@@ -38,8 +38,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir import (
     NO_WRITE_FOR_OTHERS,
-    absolute_dir,
     open_private_dir,
+    resolve_dir,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import ProxmoxError
 
@@ -90,7 +90,7 @@ def open_slot_dir(path: str) -> int:
     """An fd on the slot directory, made 0700 if missing; SlotError (naming slot_dir) if it or a directory
     above it is not safe (see _base.private_dir)."""
     try:
-        return open_private_dir("slot_dir", absolute_dir(path), NO_WRITE_FOR_OTHERS)
+        return open_private_dir("slot_dir", resolve_dir("slot_dir", path), NO_WRITE_FOR_OTHERS)
     except BadOption as exc:
         raise SlotError(f"{exc}; nothing was changed") from None
 

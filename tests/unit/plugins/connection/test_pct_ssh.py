@@ -71,7 +71,7 @@ def test_a_control_directory_too_long_for_a_socket_is_refused_naming_the_limit(t
     conn = load()
     conn.set_options(direct={"vmid": 200, "remote_addr": "pve1", "control_path_dir": str(tmp_path / ("d" * 60))})
 
-    with pytest.raises(AnsibleError, match="control_path_dir .* is too long for a control socket .at most 49 bytes"):
+    with pytest.raises(AnsibleError, match="control_path_dir: .* is too long for a control socket .at most 49 bytes"):
         conn._ssh_argv()  # pylint: disable=protected-access
 
 
@@ -242,7 +242,7 @@ def test_a_control_directory_ssh_would_expand_or_parse_is_refused_naming_the_opt
     base = short_dir().parent
     conn = connection(tmp_path, control_path_dir=given.format(base=base))
 
-    with pytest.raises(AnsibleError, match="control_path_dir .* must not contain %, \\$, quotes, backslashes or control"):
+    with pytest.raises(AnsibleError, match="control_path_dir: .* must not contain %, \\$, quotes, backslashes or control"):
         conn._ssh_argv()  # pylint: disable=protected-access
 
     assert list(base.iterdir()) == []  # nothing was created
@@ -285,7 +285,7 @@ def test_another_users_control_master_behind_percent_u_never_sees_a_task(tmp_pat
     conn = connection(tmp_path, control_path_dir=f"{base}/pctcp-%u", remote_addr="127.0.0.1", port=1,
                       remote_user="root", timeout=2, host_key_checking=False)
     try:
-        with pytest.raises(AnsibleError, match="control_path_dir .* must not contain %"):
+        with pytest.raises(AnsibleError, match="control_path_dir: .* must not contain %"):
             conn.exec_command("echo the module payload")
     finally:
         listening.clear()
@@ -294,16 +294,34 @@ def test_another_users_control_master_behind_percent_u_never_sees_a_task(tmp_pat
     assert received == [], "ssh connected to the control socket another user planted"
 
 
-def test_a_parent_that_is_a_symlink_is_refused(tmp_path):
+def test_a_parent_that_is_a_symlink_another_user_can_change_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a link of another user needs root")
     base = short_dir().parent
     (base / "real").mkdir(mode=0o700)
     (base / "link").symlink_to(base / "real")
+    os.lchown(base / "link", OTHER_UID, OTHER_UID)
     conn = connection(tmp_path, control_path_dir=str(base / "link" / "cp"))
 
-    with pytest.raises(AnsibleError, match=r"control_path_dir: .*/link is a symbolic link"):
+    with pytest.raises(AnsibleError, match=r"control_path_dir: .*/link is a symbolic link that a user other than root can change"):
         conn._ssh_argv()  # pylint: disable=protected-access
 
     assert not (base / "real" / "cp").exists()
+
+
+def test_a_symlink_only_root_can_change_is_resolved_and_ssh_gets_the_resolved_directory(tmp_path):
+    """An administrator's /home -> /srv/home: followed, and ssh is handed the path without the link, the
+    one that was checked."""
+    if os.geteuid() != 0:
+        pytest.skip("a link only root can change needs root")
+    base = short_dir().parent
+    (base / "srv").mkdir(mode=0o755)
+    (base / "home").symlink_to(base / "srv")
+    conn = connection(tmp_path, control_path_dir=str(base / "home" / "cp"))
+
+    used = Path(ssh_config(conn._ssh_argv())["controlpath"])  # pylint: disable=protected-access
+
+    assert used.parent == base / "srv" / "cp" and (base / "srv" / "cp").stat().st_mode & 0o777 == 0o700
 
 
 @pytest.mark.parametrize("make", ["writable_by_all", "writable_by_group", "owned_by_another_user"])

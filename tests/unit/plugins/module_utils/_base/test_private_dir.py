@@ -12,9 +12,9 @@ import pytest
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir import (
     NO_WRITE_FOR_OTHERS,
-    absolute_dir,
     check_private_dir,
     open_private_dir,
+    resolve_dir,
 )
 
 OTHER_UID = 65534
@@ -46,15 +46,35 @@ def test_an_existing_private_directory_is_accepted_and_nothing_is_created_withou
 
 
 @pytest.mark.parametrize("where", ["leaf", "parent"])
-def test_a_symlink_anywhere_on_the_path_is_refused(tmp_path, where):
+def test_a_symlink_another_user_can_change_is_refused_anywhere_on_the_path(tmp_path, where):
     (tmp_path / "real" / "d").mkdir(parents=True, mode=0o700)
-    (tmp_path / "link").symlink_to(tmp_path / "real")
-    path = tmp_path / "link" / "d" if where == "parent" else tmp_path / "link"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    if os.geteuid() == 0:
+        os.lchown(link, OTHER_UID, OTHER_UID)  # planted by another user (root's own link would be trusted)
+    path = link / "d" if where == "parent" else link
 
-    with pytest.raises(BadOption, match=r"some_dir: .*/link is a symbolic link") as refused:
-        check_private_dir("some_dir", str(path))
+    with pytest.raises(BadOption, match=r"some_dir: .*/link is a symbolic link that a user other than root can change") as refused:
+        check_private_dir("some_dir", resolve_dir("some_dir", str(path)))
 
     assert refused.value.option == "some_dir"
+
+
+def test_a_symlink_only_root_can_change_is_resolved_and_the_walk_then_takes_no_symlink(tmp_path):
+    """/home -> /srv/home made by the administrator: followed by resolve_dir, whose answer has no link
+    left; open_private_dir itself never follows one."""
+    if os.geteuid() != 0:
+        pytest.skip("a link only root can change needs root")
+    (tmp_path / "srv" / "home").mkdir(parents=True, mode=0o755)
+    (tmp_path / "home").symlink_to(tmp_path / "srv" / "home")
+
+    resolved = resolve_dir("some_dir", str(tmp_path / "home" / "me" / "cp"))
+
+    assert resolved == str(tmp_path / "srv" / "home" / "me" / "cp")
+    check_private_dir("some_dir", resolved)
+    assert stat.S_IMODE((tmp_path / "srv" / "home" / "me" / "cp").stat().st_mode) == 0o700
+    with pytest.raises(BadOption, match=r"some_dir: .*/home is a symbolic link \(every directory"):
+        check_private_dir("some_dir", str(tmp_path / "home" / "me" / "cp"))
 
 
 @pytest.mark.parametrize("make", ["file", "fifo"])
@@ -65,8 +85,9 @@ def test_a_component_that_is_not_a_directory_is_refused(tmp_path, make):
     else:
         os.mkfifo(odd)
 
-    with pytest.raises(BadOption, match=r".*/odd is not a directory"):
-        check_private_dir("some_dir", str(odd / "below"))
+    for check in (lambda: resolve_dir("some_dir", str(odd / "below")), lambda: check_private_dir("some_dir", str(odd / "below"))):
+        with pytest.raises(BadOption, match=r"some_dir: .*/odd is not a directory"):
+            check()
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
@@ -121,10 +142,11 @@ def test_the_leaf_mode_the_caller_forbids(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["relative/dir", "/tmp/../tmp/x"])
-def test_a_path_that_is_not_absolute_and_normalised_is_refused(path):
+def test_a_path_that_is_not_absolute_and_normalised_is_refused_by_the_walk(path):
     with pytest.raises(BadOption, match="some_dir: "):
         check_private_dir("some_dir", path)
 
 
-def test_absolute_dir_expands_the_home_and_normalises():
-    assert absolute_dir("~/x/../y") == os.path.join(os.path.expanduser("~"), "y")
+def test_resolve_dir_expands_the_home_and_normalises():
+    assert resolve_dir("some_dir", "~/gpuops-missing-x/../gpuops-missing-y") == os.path.join(
+        os.path.realpath(os.path.expanduser("~")), "gpuops-missing-y")

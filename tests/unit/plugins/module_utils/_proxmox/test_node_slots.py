@@ -99,6 +99,8 @@ def test_an_unsafe_directory_is_refused_naming_slot_dir(tmp_path, make):
     else:
         target = tmp_path / "link"
         target.symlink_to(real)
+        if os.geteuid() == 0:
+            os.lchown(target, 65534, 65534)  # another user's link (root's own would be followed)
     with pytest.raises(SlotError, match="slot_dir"):
         take_slot(str(target), CLUSTER, "pve1", 1, now())
 
@@ -109,6 +111,8 @@ def test_a_directory_above_slot_dir_that_others_control_is_refused(tmp_path, mak
     (parent / "slots").mkdir(parents=True, mode=0o700)
     if make == "parent_symlink":
         (tmp_path / "link").symlink_to(parent)
+        if os.geteuid() == 0:
+            os.lchown(tmp_path / "link", 65534, 65534)  # another user's link (root's own would be followed)
         slot_dir = tmp_path / "link" / "slots"
     else:
         parent.chmod(0o777)
