@@ -3,8 +3,10 @@ PID-namespace container whose init never reaps (reached with community.docker.ns
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import uuid
 
 import pytest
@@ -220,3 +222,30 @@ def test_every_bad_option_is_reported_in_one_failure(local_inventory):
     assert result["failed"] is True and "ansible_facts" not in result
     assert [p["option"] for p in result["option_problems"]] == ["pids", "match", "protected", "orphan_grace", "driver_wchan"]
     assert result["msg"].startswith("pids: process IDs must be positive integers, got [-3]; match: '(' is not a valid")
+
+
+# A process chooses its comm and its arguments: as it names itself, they reach results and the
+# operator's terminal. What a look reports of it is escaped (issue 17, item 7).
+TERMINAL_ATTACK = "\x1b]0;owned\x07\x1b[2J\x9b31m"
+NAMES_ITSELF = ("import ctypes, sys, time\n"
+                "ctypes.CDLL(None).prctl(15, sys.argv[1].encode()[:15], 0, 0, 0)\n"
+                "print('ready', flush=True)\n"
+                "time.sleep(300)\n")
+
+
+def test_what_a_process_writes_about_itself_is_reported_escaped(tag, local_inventory):
+    proc = subprocess.Popen([PYTHON, "-c", NAMES_ITSELF, "\x1b]0;x\x07\x9b", TERMINAL_ATTACK, tag],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        run = run_playbook(facts_play({"match": [tag]}), inventory=local_inventory)
+        assert run.rc == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        (entry,) = run.result(TASK)["ansible_facts"]["zombie_facts"]["job_processes"]
+        assert entry["pid"] == proc.pid
+        assert entry["comm"] == "\\x1b]0;x\\x07\\x9b"
+        assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in entry["cmdline"]
+        for text in (run.stdout, run.stderr, json.dumps(entry, ensure_ascii=False)):
+            assert not any(char in text for char in "\x1b\x07\x9b"), text[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 
 PF_KTHREAD = 0x00200000
 # The wchan of a thread asleep in the NVIDIA driver (uvm_*, nv_*, os_*): where only the host helps.
@@ -63,12 +64,24 @@ class StatFields:
     starttime: int
 
 
+def shown_text(raw: bytes) -> str:
+    """What a process wrote about itself (comm, an argument), as text that is safe to show and to
+    match: every control character escaped (see terminal.escape_controls). A process chooses these
+    bytes, and every result and message that names a process carries them to a terminal."""
+    return escape_controls(raw.decode("utf-8", "replace"))
+
+
+def shown_cmdline(raw: bytes) -> str:
+    """A /proc/PID/cmdline as one line: the arguments joined by spaces, shown as shown_text."""
+    return shown_text(raw.rstrip(b"\0").replace(b"\0", b" "))
+
+
 def parse_stat(raw: bytes) -> StatFields | None:
     """Parse a stat line; comm may hold spaces and ')' so split after the *last* ')'."""
     try:
         open_paren = raw.index(b"(")
         close_paren = raw.rindex(b")")
-        comm = raw[open_paren + 1:close_paren].decode("utf-8", "replace")
+        comm = shown_text(raw[open_paren + 1:close_paren])
         rest = raw[close_paren + 2:].split()
         return StatFields(
             comm=comm,
@@ -191,7 +204,7 @@ class ProcessTable:
         process = self.processes[pid]
         raw = read_small(f"{self.proc_root}/{pid}/cmdline")
         if raw:
-            args = [arg.decode("utf-8", "replace") for arg in raw.rstrip(b"\0").split(b"\0")]
+            args = [shown_text(arg) for arg in raw.rstrip(b"\0").split(b"\0")]
             if " ".join(args) == process.cmdline:
                 return args
         return process.cmdline.split(" ") if process.cmdline else []
@@ -211,7 +224,7 @@ class ProcessTable:
             if process.is_zombie and process.threads > 1:
                 live = [t for t in self.load_threads(pid) if t.state not in ("Z", "X")]
                 base = f"{base}/task/{live[0].tid}" if live else ""
-            process.exe = "" if process.is_kernel_thread or not base else _readlink(f"{base}/exe")
+            process.exe = "" if process.is_kernel_thread or not base else escape_controls(_readlink(f"{base}/exe"))
         return process.exe
 
     # --- structure ---------------------------------------------------------------------------
@@ -316,7 +329,7 @@ def read_process(proc_root: str, pid: int) -> Process | None:
     if not is_kernel_thread and fields.state != "Z":
         cmdline = read_small(f"{proc_root}/{pid}/cmdline")
         if cmdline:
-            process.cmdline = cmdline.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+            process.cmdline = shown_cmdline(cmdline)
     return process
 
 

@@ -55,6 +55,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     compile_patterns,
     read_process,
     read_small,
+    shown_cmdline,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import (
     DEFAULT_PROTECTED,
@@ -338,7 +339,7 @@ def _zombie_leader_cmdline(table: ProcessTable, process: Process) -> None:
     if live:
         raw = read_small(f"{table.proc_root}/{process.pid}/task/{live[0].tid}/cmdline")
         if raw:
-            process.cmdline = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+            process.cmdline = shown_cmdline(raw)
 
 
 def _why_spared(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import (
     AmbiguousPost,
     ProxmoxClient,
@@ -106,7 +107,7 @@ class TaskFailed(ProxmoxError):
     def __init__(self, outcome: TaskOutcome) -> None:
         self.outcome = outcome
         log = f" (task log: {' | '.join(outcome.log_tail)})" if outcome.log_tail else ""
-        super().__init__(f"task {outcome.type} {outcome.upid} failed: {outcome.exitstatus}{log}")
+        super().__init__(f"task {outcome.type} {outcome.upid} failed: {escape_controls(str(outcome.exitstatus))}{log}")
 
 
 class TaskTimeout(ProxmoxError):
@@ -148,7 +149,9 @@ def task_log_tail(client: ProxmoxClient, upid: str, lines: int = LOG_TAIL_LINES)
         entries = client.get(_task_path(upid) + "/log", start=0, limit=500) or []
     except ProxmoxError:
         return []
-    return [str(entry.get("t", "")) for entry in entries[-lines:]]
+    # The log holds what ran in the container (a hook script, a stop that timed out): escaped
+    # before it reaches a message.
+    return [escape_controls(str(entry.get("t", ""))) for entry in entries[-lines:]]
 
 
 def _our_tasks(client: ProxmoxClient, node: str, vmid: int, task_type: str) -> set[str]:

@@ -36,6 +36,18 @@ def test_parse_stat_with_spaces_in_comm():
     assert fields is not None and fields.comm == "tmux: server" and fields.ppid == 1
 
 
+def test_what_a_process_names_itself_is_kept_escaped(tmp_path):
+    # comm and arguments are the process's own bytes: ESC, BEL, C1 CSI and undecodable bytes.
+    fields = parse_stat(stat_line(7, "\x1b]0;t\x07\x9b"))
+    assert fields is not None and fields.comm == "\\x1b]0;t\\x07\\x9b"
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init")
+    proc.add(100, "python3", cmdline=["python3", "\x1b[2Jtrain.py", "--tag=\x9b31m"])
+    table = ProcessTable.scan(str(tmp_path))
+    assert table.processes[100].cmdline == "python3 \\x1b[2Jtrain.py --tag=\\x9b31m"
+    assert table.argv(100) == ["python3", "\\x1b[2Jtrain.py", "--tag=\\x9b31m"]
+
+
 @pytest.mark.parametrize("raw", [b"", b"12 (x", b"12 (x) S 1", b"garbage"])
 def test_parse_stat_rejects_truncated_lines(raw):
     assert parse_stat(raw) is None

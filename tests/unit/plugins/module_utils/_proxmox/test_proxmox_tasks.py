@@ -81,6 +81,20 @@ def test_failed_task_fails_at_once_with_its_exit_status_and_log(api, server):
     assert any("TASK ERROR" in line for line in caught.value.outcome.log_tail)
 
 
+def test_a_failed_tasks_status_and_log_reach_the_message_escaped(api, server):
+    # What PVE quotes comes from the container (a hook script's output): no terminal control.
+    ct = server.pve.ct(200)
+    server.call(setattr, ct, "status", "stopped")
+    server.call(setattr, ct, "start_error", "hook said \x1b]0;owned\x07\x1b[2J\x9b31m")
+    upid = start_ct_task(api, "pve1", 200, "start", settle=1)
+    with pytest.raises(TaskFailed) as caught:
+        wait_for_task(api, upid, Deadline(30))
+    message = str(caught.value)
+    assert "hook said \\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in message
+    assert not any(char in message for char in "\x1b\x07\x9b")
+    assert not any(char in line for line in caught.value.outcome.log_tail for char in "\x1b\x07\x9b")
+
+
 def test_task_ending_with_warnings_is_a_success(api, server):
     ct = server.pve.ct(200)
     server.call(setattr, ct, "status", "stopped")
