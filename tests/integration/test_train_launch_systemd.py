@@ -189,3 +189,19 @@ def test_a_job_that_clears_its_environment_is_still_the_systemd_job(container, t
     stopped = play(container, tmp_path, [stop_task("cleared")]).result("stop")
     assert stopped["changed"] is True and stopped["health"]["state"] == "running"
     assert "cleared.log" not in container.run_inside(["ps", "-eo", "args="]).stdout
+
+
+def test_a_record_that_names_another_unit_does_not_make_a_stop_stop_it(container, tmp_path: Path) -> None:
+    ct = container
+    started = play(ct, tmp_path, [launch(name="liar")]).result("launch")
+    assert started["unit"] == "gpuops-liar.service"
+    assert show(ct, "systemd-journald.service", "ActiveState")["ActiveState"] == "active"
+    # The record is a place to look, not an order: one edited to name a unit of the system...
+    record = ct.path(STATE_DIR) / "liar" / "run.json"
+    run = json.loads(record.read_text())
+    record.write_text(json.dumps(dict(run, unit="systemd-journald.service")))
+    stopped = play(ct, tmp_path, [stop_task("liar")]).result("stop")
+    # ... stops the job's own unit, named after the job, and nothing else.
+    assert stopped["changed"] is True and stopped["running"] is False
+    assert show(ct, "gpuops-liar.service", "LoadState")["LoadState"] == "not-found"
+    assert show(ct, "systemd-journald.service", "ActiveState")["ActiveState"] == "active"

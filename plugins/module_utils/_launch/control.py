@@ -232,16 +232,17 @@ class SystemdBackend:
         run = self.records.read_run()
         return run if run is not None and run.get("run_id") == run_id else None
 
+    # The unit is always the one named after this job, never the record's "unit": a record that
+    # names ssh.service must not make a stop stop it.
     def active(self, run: dict) -> bool:
-        shown = systemd.show(run.get("unit") or self.unit)
+        shown = systemd.show(self.unit)
         if systemd.unit_active(shown) and shown.get("InvocationID") == run.get("invocation_id"):
             return True
         identity = self.records.identity(run)
         return identity is not None and leader_alive(identity, self.records.proc_root)
 
     def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
-        unit = run.get("unit") or self.unit
-        systemd.stop_unit(unit, options.term_timeout + KILL_WAIT + 30)
+        systemd.stop_unit(self.unit, options.term_timeout + KILL_WAIT + 30)
         outcome = StopOutcome(signalled=[run["pid"]] if run.get("pid") else [])
         deadline = Deadline(KILL_WAIT)
         outcome.gone = deadline.poll(lambda: not self.active(run))
