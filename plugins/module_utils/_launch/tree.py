@@ -290,6 +290,32 @@ class TreeView:
         return stop_gate(self.table, control)
 
 
+def _descent(table: ProcessTable, identity: JobIdentity) -> set[int]:
+    """The proven supervisor's descendants, less every subtree that another job's mark claims.
+
+    A process carrying another job's run or supervisor mark (a second train_launch job started from
+    inside this one) belongs to that job, and so does what it started, even though this supervisor
+    is their ancestor: descent proves membership only where no other job's mark says otherwise.
+    """
+    found: set[int] = set()
+    pending = list(table.children.get(identity.supervisor_pid or 0, ()))
+    while pending:
+        pid = pending.pop()
+        if pid in found or _marked_by_another_job(table, table.processes[pid], identity.job_dir):
+            continue
+        found.add(pid)
+        pending.extend(table.children.get(pid, ()))
+    return found
+
+
+def _marked_by_another_job(table: ProcessTable, process: Process, job_dir: str) -> bool:
+    run = _carries(table, process, RUN_MARK)
+    if run is not None and run.rpartition(":")[0] != job_dir:
+        return True
+    supervisor = _carries(table, process, SUPERVISOR_MARK)
+    return supervisor is not None and supervisor != job_dir
+
+
 def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
     """Processes that did not start before the run and carry its mark or run in its unit's control group."""
     floor = identity.starttime or 0
@@ -340,7 +366,7 @@ def prove(table: ProcessTable, identity: JobIdentity,
     members = _marked_members(table, identity)
     supervisor_alive = proven_supervisor(table, identity.supervisor, identity.job_dir)
     if supervisor_alive:
-        members.update(table.descendants(identity.supervisor_pid or 0))
+        members.update(_descent(table, identity))
     idle = supervisor_alive and supervisor_idle()
     return TreeView(table, identity, members, supervisor_alive, idle,
                     _ignored(table, identity, members, supervisor_alive))

@@ -183,6 +183,43 @@ def test_descendants_of_a_proven_supervisor_are_members_even_without_a_mark(prov
         supervisor.wait()
 
 
+# A supervisor whose job starts another train_launch job: its supervisor (that job's mark) and a run
+# of it (that run's mark, then a worker that cleared its environment), beside a worker of its own.
+NESTING_SUPERVISOR = """
+import subprocess, sys, time
+SLEEP = [sys.executable, "-c", "import time; time.sleep(300)"]
+own = subprocess.Popen(SLEEP, env={})
+nested_supervisor = subprocess.Popen(SLEEP, env=OTHER_SUPERVISOR)
+nested_run = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], env={}); "
+                               "print(w.pid, flush=True); time.sleep(300)"], env=OTHER_RUN, stdout=subprocess.PIPE, text=True)
+print(own.pid, nested_supervisor.pid, nested_run.pid, nested_run.stdout.readline().strip(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_another_jobs_mark_below_the_supervisor_claims_that_subtree() -> None:
+    other = "/var/lib/gpuops-test/nested"
+    source = (NESTING_SUPERVISOR.replace("OTHER_SUPERVISOR", repr({SUPERVISOR_MARK: other}))
+              .replace("OTHER_RUN", repr({RUN_MARK: run_mark(other, "run-9")})))
+    supervisor = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **{SUPERVISOR_MARK: JOB_DIR}), process_group=0)
+    own, nested_supervisor, nested_run, nested_worker = (int(pid) for pid in supervisor.stdout.readline().split())
+    try:
+        job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, supervisor_pid=supervisor.pid,
+                          supervisor_starttime=process_starttime(supervisor.pid))
+        view = look(job)
+        assert view.supervisor_alive
+        # The nested job's supervisor, its run and the worker that run started (no mark of its own)
+        # are that job's: descent from this supervisor does not make them this job's.
+        assert view.members == {own}
+        assert not leader_alive(dataclasses.replace(job, pid=nested_worker, starttime=process_starttime(nested_worker)))
+    finally:
+        for pid in (own, nested_supervisor, nested_worker, nested_run, supervisor.pid):
+            os.kill(pid, signal.SIGKILL)
+        supervisor.wait()
+
+
 # A supervisor whose job leader ends in `exec env -i ...`: the leader keeps its pid and start time
 # but no longer carries the run's mark (nor anything else).
 CLEARING_SUPERVISOR = """
