@@ -79,9 +79,8 @@ def site_fixture(tmp_path):
     site = Site(tmp_path)
     yield site
     for host in HOSTS:
-        run_playbook([{"hosts": host, "gather_facts": False, "tasks": [{
-            "name": "stop", "gpuops.relaunch.train_launch": {
-                "name": site.names[host], "state": "stopped", "state_dir": site.state_dirs[host]}}]}],
+        stop = {"name": site.names[host], "state": "stopped", "state_dir": site.state_dirs[host]}
+        run_playbook([{"hosts": host, "gather_facts": False, "tasks": [{"name": "stop", "gpuops.relaunch.train_launch": stop}]}],
                      inventory=site.inventory())
         end_recorded_runs(site.state_dirs[host])
 

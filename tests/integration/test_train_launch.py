@@ -366,8 +366,8 @@ def test_job_launch_role_default_log_follows_the_name(local: Target) -> None:
     check mode, as relaunch.yml probes: nothing is created)."""
     probes = []
     for name in ("job-one", "job-two"):
-        probes += [{"name": f"probe {name}", "ansible.builtin.include_role": {
-                        "name": "gpuops.relaunch.job_launch", "apply": {"check_mode": True}},
+        role = {"name": "gpuops.relaunch.job_launch", "apply": {"check_mode": True}}
+        probes += [{"name": f"probe {name}", "ansible.builtin.include_role": role,
                     "vars": {"job_launch_name": name, "job_launch_command": local.demo(),
                              "job_launch_state_dir": local.state_dir, "job_launch_probe": True}},
                    {"name": f"show {name}", "ansible.builtin.debug": {"var": "job_launch_result"}}]
