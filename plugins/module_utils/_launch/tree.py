@@ -113,12 +113,17 @@ class JobIdentity:
         """The run's main process as recorded (pid 0 or no start time: none recorded)."""
         return Identity(self.pid, self.starttime) if self.pid and self.starttime is not None else None
 
+    def marks(self, process: Process, carried: str | None) -> bool:
+        """Whether `process`, whose environment carries `carried` as its run mark, is this run's by
+        that mark: the run's own mark, on a live process that did not start before the run."""
+        return carried == self.mark and not process.is_zombie and process.starttime >= (self.starttime or 0)
+
     @property
     def supervisor(self) -> Identity | None:
-        return _recorded(self.supervisor_pid, self.supervisor_starttime)
+        return recorded_identity(self.supervisor_pid, self.supervisor_starttime)
 
 
-def _recorded(pid: object, starttime: object) -> Identity | None:
+def recorded_identity(pid: object, starttime: object) -> Identity | None:
     """The identity a record names, or None when its fields are not a pid and a start time."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return None
@@ -221,7 +226,7 @@ def wake_idle_supervisor(idle: dict, job_dir: str, proc_root: str = "/proc") -> 
 
     Returns the gate's word (SENT, or why not); the caller starts a new supervisor unless SENT.
     """
-    supervisor = _recorded(idle.get("supervisor_pid"), idle.get("supervisor_starttime"))
+    supervisor = recorded_identity(idle.get("supervisor_pid"), idle.get("supervisor_starttime"))
     table = ProcessTable.scan(proc_root)
     if supervisor is None or not proven_supervisor(table, supervisor, job_dir):
         return REFUSED
@@ -230,7 +235,7 @@ def wake_idle_supervisor(idle: dict, job_dir: str, proc_root: str = "/proc") -> 
 
 def supervisor_alive(pid: int | None, starttime: int | None, job_dir: str, proc_root: str = "/proc") -> bool:
     """Whether (pid, starttime) is this job's supervisor, alive, right now."""
-    supervisor = _recorded(pid, starttime)
+    supervisor = recorded_identity(pid, starttime)
     return supervisor is not None and proven_supervisor(_one_process(supervisor.pid, proc_root), supervisor, job_dir)
 
 
@@ -319,12 +324,13 @@ def _marked_by_another_job(table: ProcessTable, process: Process, job_dir: str) 
 def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
     """Processes that did not start before the run and carry its mark or run in its unit's control group."""
     floor = identity.starttime or 0
-    mark = identity.mark
     groups = unit_control_groups(table.proc_root, identity.unit) if identity.unit else frozenset()
     return {
         pid for pid, process in table.processes.items()
+        # Cheap tests first: the environment is read only of live processes not older than the run.
         if process.starttime >= floor and not process.is_zombie and (
-            _carries(table, process, RUN_MARK) == mark or (groups and _in_control_group(table, process, groups)))
+            identity.marks(process, _carries(table, process, RUN_MARK))
+            or (groups and _in_control_group(table, process, groups)))
     }
 
 

@@ -17,8 +17,8 @@ and is left out of the job and reported, when it is proven a member of it (the r
 
 An environment variable is anyone's to set, so a mark alone proves nothing: the records must
 agree, and records are believed only from a job directory that nobody but root or the user running
-this module can have written (a real directory, reached without a symlink, owned by one of them,
-writable by no one else). A process carrying the mark of the job the selection is for
+this module can have written (a directory of this user, writable by no one else, on a path without a
+symlink whose every directory is root's or this user's and lets no one else rename in it). A process carrying the mark of the job the selection is for
 (``job_name``) is the selection's to take.
 
 Only the processes a selection names, their descendants and the ancestors of those are looked at
@@ -28,11 +28,11 @@ Only the processes a selection names, their descendants and the ancestors of tho
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir import NO_WRITE_FOR_OTHERS, check_private_dir
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, ProcessControl, format_pids
@@ -40,12 +40,15 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import IDLE_FILE, RUN_MARK, SUPERVISOR_MARK
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, RecordError, proven_supervisor
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
+    JobIdentity,
+    RecordError,
+    proven_supervisor,
+    recorded_identity,
+)
 
 RUN_MARK_PROOF = "run_mark"
 SUPERVISOR_PROOF = "supervisor"
-# A job directory is believed only when no one but its owner can write it.
-_WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
 def own_job_dir(params: Mapping[str, Any], checks: OptionChecks) -> str | None:
@@ -160,8 +163,7 @@ class OtherJobs:
                 return None  # the selection's own job
             records = self._believed(job_dir)
             run = records.run if records is not None else None
-            # The rule of the stop path (tree._marked_members): this run's mark, not older than the run.
-            if run is not None and run.mark == mark and process.starttime >= (run.starttime or 0):
+            if run is not None and run.marks(process, mark):
                 return OtherJob(job_dir, run_id, RUN_MARK_PROOF)
         # A process that cleared its environment: its descent from another job's supervisor.
         for candidate in (pid, *self.table.ancestors(pid)):
@@ -200,17 +202,16 @@ class OtherJobs:
 
 
 def trustworthy_job_dir(job_dir: str) -> bool:
-    """Whether records in `job_dir` can be believed: an absolute path without a symlink anywhere on
-    it, a directory owned by root or by the user running this module, writable by no one else."""
+    """Whether records in `job_dir` can be believed: a directory of the user running this module,
+    writable by no one else, on a path walked from ``/`` without a symlink, whose every directory
+    is root's or this user's and lets no one else rename in it (private_dir's rule)."""
     if not job_dir or not os.path.isabs(job_dir) or os.path.normpath(job_dir) != job_dir:
         return False
-    if os.path.realpath(job_dir) != job_dir:
-        return False  # a symlink on the way: whoever planted it chose what the records say
     try:
-        info = os.lstat(job_dir)
-    except OSError:
+        check_private_dir("job_state_dir", job_dir, NO_WRITE_FOR_OTHERS, create=False)
+    except (BadOption, OSError):
         return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid in (0, os.geteuid()) and not info.st_mode & _WRITABLE_BY_OTHERS
+    return True
 
 
 def _read_records(job_dir: str) -> _Records:
@@ -223,12 +224,4 @@ def _read_records(job_dir: str) -> _Records:
         except RecordError:
             identity = None
     idle = records.read(IDLE_FILE) or {}
-    idle_pid, idle_start = idle.get("supervisor_pid"), idle.get("supervisor_starttime")
-    idle_supervisor = None
-    if _is_count(idle_pid) and _is_count(idle_start) and idle_pid > 0:
-        idle_supervisor = Identity(idle_pid, idle_start)
-    return _Records(identity, idle_supervisor)
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _Records(identity, recorded_identity(idle.get("supervisor_pid"), idle.get("supervisor_starttime")))

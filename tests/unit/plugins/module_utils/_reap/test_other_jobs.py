@@ -137,6 +137,13 @@ def test_records_are_believed_only_where_nobody_else_could_have_written_them(hos
     assert not trustworthy_job_dir(loose)
     assert not trustworthy_job_dir(through_link)
     assert not trustworthy_job_dir("relative/a") and not trustworthy_job_dir(a + "/../a")
+    # A tight directory below one that others may rename in: they could swap it for their own.
+    open_parent = tmp / "shared"
+    open_parent.mkdir()
+    open_parent.chmod(0o777)
+    assert not trustworthy_job_dir(job_dir(open_parent, "tight"))
+    open_parent.chmod(0o1777)  # sticky, like /tmp: only the entry's owner may rename it
+    assert trustworthy_job_dir(str(open_parent / "tight"))
     proc = FakeProc(Path(root))
     proc.add(40, "python3", cmdline=SCRIPT + ["--spoof"], starttime=4000, environ={RUN_MARK: run_mark(loose, "x")})
     proc.add(41, "python3", cmdline=SCRIPT + ["--spoof"], starttime=4100, environ={RUN_MARK: run_mark(through_link, RUN_A)})
