@@ -148,21 +148,14 @@ class ProcessControl:
     def _deliver_to_same(self, target: Identity, deliver: Callable[[], None], proof: Proof | None = None) -> str:
         """`deliver()` the signal if `target.pid` still has the start time the plan saw (and `proof` holds)."""
         now = self.look(target.pid)
-        if now is None:
-            return GONE
-        if not target.matches(now):
-            return RECYCLED
-        if proof is not None:
+        unlike = _unlike(target, now)
+        if unlike is None and proof is not None:
             proven = proof(now)
             # The proof read files under /proc/PID: they were the target's only if the pid still
             # has its start time after the read (a pid is not reused while its process exists).
-            now = self.look(target.pid)
-            if now is None:
-                return GONE
-            if not target.matches(now):
-                return RECYCLED
-            if not proven:
-                return UNPROVEN
+            unlike = _unlike(target, self.look(target.pid)) or (None if proven else UNPROVEN)
+        if unlike is not None:
+            return unlike
         try:
             deliver()
         except ProcessLookupError:
@@ -188,6 +181,13 @@ class ProcessControl:
 def _pidfd_unsupported(exc: OSError) -> bool:
     """pidfd_open is missing from this kernel (or refused by a seccomp filter)."""
     return exc.errno in (errno.ENOSYS, errno.EPERM) and not isinstance(exc, ProcessLookupError)
+
+
+def _unlike(target: Identity, now: Process | None) -> str | None:
+    """GONE or RECYCLED when `now` (the pid as read now) is not `target`; None when it is."""
+    if now is None:
+        return GONE
+    return None if target.matches(now) else RECYCLED
 
 
 class SignalGate:
