@@ -1,0 +1,39 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action for gpuops.relaunch.relaunch_clearance: may the job launch after the clean-up and the drain?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import clearance
+
+ARGUMENT_SPEC = {
+    "cleanup": {"type": "dict", "required": True},
+    "drain": {"type": "dict", "default": {}},
+    "reset_allowed": {"type": "bool", "default": False},
+    "reset_done": {"type": "bool", "default": False},
+}
+
+
+class ActionModule(ActionBase):
+    """Runs on the controller only."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        answer = clearance(args["cleanup"], args["drain"], args["reset_allowed"], args["reset_done"],
+                           bool(self._task.check_mode), task_vars["inventory_hostname"])
+        result.update(changed=False, ansible_facts={"relaunch_clearance": answer}, **answer)
+        if answer["blocked"]:
+            result.update(failed=True, msg=answer["blocked"])
+        else:
+            result["msg"] = ("only a container reboot helps, and the inventory allows it" if answer["reset"]
+                             else "clear" if answer["clear"] else "a container reboot was announced (check mode)")
+        return result

@@ -1,0 +1,55 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action for gpuops.relaunch.relaunch_fleet: the run summed up over every host (run it once)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import fleet_summary
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import ReportError, write_report
+
+ARGUMENT_SPEC = {
+    "summary_var": {"type": "str", "default": "relaunch_summary"},
+    "started_var": {"type": "str", "default": "relaunch_probe"},
+    "summary_dir": {"type": "str", "default": ""},
+}
+
+
+class ActionModule(ActionBase):
+    """Runs on the controller only. Reads every play host's summary from hostvars."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        hostvars = task_vars.get("hostvars", {})
+        summaries: dict[str, Any] = {}
+        # Every host that got as far as the probe (its result is registered even when it failed or
+        # was unreachable); hosts of later batches have not, and are not in the summary yet.
+        for host in task_vars.get("ansible_play_hosts_all") or []:
+            host_vars = hostvars[host]
+            if host_vars.get(args["started_var"]) is None:
+                continue
+            summary = host_vars.get(args["summary_var"])
+            summaries[host] = summary if isinstance(summary, dict) else None
+        fleet = fleet_summary(summaries)
+        result.update(
+            changed=False,
+            msg=fleet,
+            fleet=fleet,
+            ansible_facts={"relaunch_fleet": fleet},
+            ansible_stats={"data": {"relaunch_fleet": fleet}, "per_host": False, "aggregate": False},
+            _ansible_verbose_always=True,
+        )
+        if args["summary_dir"]:
+            try:
+                result["summary_path"] = write_report(args["summary_dir"], "fleet.json", fleet)
+            except ReportError as exc:
+                return dict(result, failed=True, msg=f"summary_dir: {exc}")
+        return result

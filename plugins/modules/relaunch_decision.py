@@ -1,0 +1,85 @@
+#!/usr/bin/python
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# The work is done by the action plugin of the same name (plugins/action/relaunch_decision.py), on the controller;
+# this file holds its documentation.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: relaunch_decision
+short_description: "Decide whether this host's job is relaunched, for every rank of a multi-rank job at once"
+version_added: 0.1.0
+description:
+  - >-
+    Takes M(gpuops.relaunch.train_launch)'s probe (O(gpuops.relaunch.train_launch#module:state=probe)) and its
+    RV(gpuops.relaunch.train_launch#module:decision), and for a rank of a multi-rank job (O(ranks)) the probes of the
+    other ranks (read from C(hostvars), registered under O(probe_var)).
+  - >-
+    One rank that must be relaunched (or that the crash-loop guard refuses) relaunches every rank; a rank whose probe
+    did not answer does not count. When one rank failed (crashed, stalled, missing) every rank resumes.
+  - >-
+    Fails, before anything changes, when O(force) is true on every host of the play and neither C(relaunch_hosts) nor
+    C(--limit) names the hosts, or when O(ranks) does not make one job in this run and batch.
+  - >-
+    Sets the facts C(relaunch_decision) and, for a rank, C(relaunch_rank).
+author:
+  - gpuops.relaunch maintainers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.info_module
+  - gpuops.relaunch.attributes.platform
+options:
+  probe:
+    description: The registered result of the probe.
+    type: dict
+    required: true
+  force:
+    description: Whether the relaunch is forced on this host (C(relaunch_force)).
+    type: bool
+    default: false
+  ranks:
+    description: The inventory hostnames of the job's ranks in rank order (C(job_launch_ranks)); null for a job of one host.
+    type: raw
+  probe_var:
+    description: The name under which every host registered its probe.
+    type: str
+    default: relaunch_probe
+attributes:
+  action:
+    description: Runs on the controller as an action plugin; nothing runs on the target.
+    support: full
+  platform:
+    platforms: all
+    details:
+      - The controller only; it needs no connection to the target.
+seealso:
+  - module: gpuops.relaunch.train_launch
+notes:
+  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
+    C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
+"""
+
+EXAMPLES = r"""
+- name: Decide, for every rank of the job at once
+  gpuops.relaunch.relaunch_decision:
+    probe: "{{ relaunch_probe }}"
+    force: "{{ relaunch_force | bool }}"
+    ranks: "{{ job_launch_ranks | default(none) }}"
+"""
+
+RETURN = r"""
+decision:
+  description:
+    - C(action) (V(none), V(relaunch) or V(refused)), C(relaunch) (bool), C(why), C(resume) (bool), C(resume_mode)
+      (V(always) when a rank of the job failed, else null, meaning the inventory's C(job_launch_resume)) and C(wanted_by)
+      (the ranks that must be relaunched). Also the fact C(relaunch_decision).
+  returned: success
+  type: dict
+  sample: {action: relaunch, relaunch: true, why: "relaunched with its job, because rank(s) gpu2 must be", resume: true,
+           resume_mode: always, wanted_by: [gpu2]}
+msg:
+  description: The decision's C(why).
+  returned: always
+  type: str
+"""

@@ -1,0 +1,80 @@
+#!/usr/bin/python
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# The work is done by the action plugin of the same name (plugins/action/relaunch_fleet.py), on the controller;
+# this file holds its documentation.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: relaunch_fleet
+short_description: "Sum up a relaunch over every host of the play: per host, per multi-rank job, counts"
+version_added: 0.1.0
+description:
+  - >-
+    Reads each play host's summary (fact C(relaunch_summary)) from C(hostvars); a host that got as far as the probe
+    but has no summary counts as failed; hosts of later batches are not in it yet. Run it once (C(run_once)).
+  - >-
+    Shows it, sets the fact C(relaunch_fleet), the set_stats data C(relaunch_fleet), and with O(summary_dir) writes
+    DIR/fleet.json on the controller.
+author:
+  - gpuops.relaunch maintainers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.info_module
+  - gpuops.relaunch.attributes.platform
+options:
+  summary_var:
+    description: The fact holding each host's summary.
+    type: str
+    default: relaunch_summary
+  started_var:
+    description: The variable a host has once it got as far as the probe.
+    type: str
+    default: relaunch_probe
+  summary_dir:
+    description: When set, also write DIR/fleet.json on the controller.
+    type: str
+    default: ""
+attributes:
+  action:
+    description: Runs on the controller as an action plugin; nothing runs on the target.
+    support: full
+  platform:
+    platforms: all
+    details:
+      - The controller only; it needs no connection to the target.
+seealso:
+  - module: gpuops.relaunch.train_launch
+notes:
+  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
+    C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
+"""
+
+EXAMPLES = r"""
+- name: Sum up the fleet
+  run_once: true
+  gpuops.relaunch.relaunch_fleet:
+    summary_dir: "{{ relaunch_summary_dir | default('') }}"
+"""
+
+RETURN = r"""
+fleet:
+  description:
+    - C(hosts) (per host C(status), C(health), C(found), C(ended) (a count), C(container_reset), C(pid), C(seconds),
+      C(rank)), C(jobs) (per multi-rank job, keyed by rank 0, C(ranks), C(relaunched), C(failed)) and C(counts) (how
+      many hosts relaunched, unchanged, refused, failed, would_relaunch).
+  returned: always
+  type: dict
+  sample: {hosts: {gpu1: {status: relaunched, health: crashed, found: signals, ended: 2, container_reset: false,
+           pid: 4242, seconds: 21.4, rank: null}}, jobs: {},
+           counts: {relaunched: 1, unchanged: 0, refused: 0, failed: 0, would_relaunch: 0}}
+summary_path:
+  description: The JSON file written.
+  returned: when O(summary_dir) is set
+  type: str
+msg:
+  description: The fleet summary.
+  returned: always
+  type: dict
+"""

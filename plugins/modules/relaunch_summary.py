@@ -1,0 +1,97 @@
+#!/usr/bin/python
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# The work is done by the action plugin of the same name (plugins/action/relaunch_summary.py), on the controller;
+# this file holds its documentation.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: relaunch_summary
+short_description: "Sum up one host's relaunch: health, what was done and why, the new pid, the seconds"
+version_added: 0.1.0
+description:
+  - >-
+    Builds the host's summary from the results the C(gpuops.relaunch.relaunch) role registered (O(results)) as native
+    data (the same types on every ansible-core), shows it, sets it as the fact C(relaunch_summary) and as set_stats data
+    (C(relaunch_summary), keyed by host, aggregated), and with O(summary_dir) writes it to DIR/HOST.json on the
+    controller (a temporary file renamed into place, mode 0644).
+  - >-
+    With O(fail_host), fails when a step failed or the crash-loop guard refused (the summary is then in the failed
+    result only: Ansible applies no facts or stats of a failed task).
+author:
+  - gpuops.relaunch maintainers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.relaunch.attributes
+  - gpuops.relaunch.attributes.info_module
+  - gpuops.relaunch.attributes.platform
+options:
+  results:
+    description:
+      - The role's registered results, keyed C(probe), C(decision), C(stop), C(cleanup), C(drain), C(reset),
+        C(reset_wait), C(cleanup_again), C(drain_again), C(launch); null or skipped for a step that did not run.
+    type: dict
+    required: true
+  failure:
+    description: Why a step failed (C(TASK - MESSAGE)); unset when none did.
+    type: str
+  rank:
+    description: The fact C(relaunch_rank) of a rank of a multi-rank job.
+    type: dict
+  job_name:
+    description: The job's name, for the refusal message.
+    type: str
+    default: ""
+  summary_dir:
+    description: When set, also write the summary to DIR/HOST.json on the controller (the directory is created).
+    type: str
+    default: ""
+  fail_host:
+    description: Fail when a step failed or the crash-loop guard refused.
+    type: bool
+    default: true
+attributes:
+  action:
+    description: Runs on the controller as an action plugin; nothing runs on the target.
+    support: full
+  platform:
+    platforms: all
+    details:
+      - The controller only; it needs no connection to the target.
+seealso:
+  - module: gpuops.relaunch.train_launch
+notes:
+  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
+    C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
+"""
+
+EXAMPLES = r"""
+- name: Summarize
+  gpuops.relaunch.relaunch_summary:
+    results:
+      probe: "{{ relaunch_probe | default(none) }}"
+      decision: "{{ relaunch_decision | default(none) }}"
+      launch: "{{ relaunch_launch | default(none) }}"
+    failure: "{{ relaunch_failure | default(omit) }}"
+"""
+
+RETURN = r"""
+summary:
+  description:
+    - C(host), C(check_mode), C(status) (V(relaunched), V(unchanged), V(refused), V(failed), V(would_relaunch)),
+      C(relaunched), C(would_relaunch), C(action), C(failed), C(why), C(health), C(incident), C(resumed),
+      C(relaunch_guard), C(found) (the clean-up's first escalation, or "not looked"), C(reasons), C(ended) (pids),
+      C(gpu_released_mib), C(container_reset), C(job) (operation, pid, log_path, ready_line), C(seconds) (per phase
+      that ran (stop, cleanup, drain, container_reset, launch), the modules' own elapsed time, and C(rank).
+    - Also RV(msg), the fact C(relaunch_summary) and set_stats C(relaunch_summary).
+  returned: always
+  type: dict
+summary_path:
+  description: The JSON file written.
+  returned: when O(summary_dir) is set
+  type: str
+msg:
+  description: The summary (so that it shows without -v), or the failure message.
+  returned: always
+  type: raw
+"""

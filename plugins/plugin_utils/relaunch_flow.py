@@ -1,0 +1,357 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The relaunch role's decisions and summaries, on the controller, as plain functions of the results.
+
+The role (``roles/relaunch``) sequences the modules; every choice between its steps is made here:
+
+* :func:`decide`: relaunch this host or not, why, and with which resume, from train_launch's probe
+  (``decision``, given ``force``), the answers of the other ranks of a multi-rank job, and the rule
+  that a force on every host of the play needs the hosts named;
+* :func:`clearance`: after the clean-up and the drain, may the job launch, does only a container
+  reboot help (and may it), or must the host fail, and with which message;
+* :func:`host_summary` / :func:`fleet_summary`: what the run did, per host and for the fleet, with the
+  same types on every ansible-core (built here, not by templating, which turned ``pid`` into ``"258"``
+  on one version and an int on the next).
+
+Escalation ranking is :func:`verdict.worst`, the collection's one ranking; escalation and health words
+are the one vocabulary of ``_base/verdict.py``. Nothing here reads a message's wording.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Health, worst
+
+# What a host's line in the fleet summary says it did, in the order the counts list them.
+FLEET_STATUSES = ("relaunched", "unchanged", "refused", "failed", "would_relaunch")
+# The phases of a relaunch, in order; their seconds come from the modules' own `elapsed`.
+PHASES = ("stop", "cleanup", "drain", "container_reset", "launch")
+# The rank variables torch.distributed (and most launchers) read; part of the job's spec.
+DEFAULT_MASTER_PORT = 29500
+
+NOT_LOOKED = "not looked: nothing was relaunched"
+
+
+class RelaunchInputError(ValueError):
+    """The inventory or the play asks for something the relaunch must refuse, before anything changes."""
+
+
+# --- ranks ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This host's place in a multi-rank job."""
+
+    index: int
+    ranks: tuple[str, ...]
+    master_addr: str
+    master_port: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "of": len(self.ranks), "ranks": list(self.ranks),
+                "master_addr": self.master_addr, "master_port": self.master_port}
+
+    def env(self) -> dict[str, str]:
+        return {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+                "NODE_RANK": str(self.index), "NNODES": str(len(self.ranks))}
+
+
+def rank_of(host: str, ranks: Any, rank0_vars: Mapping[str, Any]) -> Rank:
+    """This host's rank from its job_launch_ranks (not checked against the play: see check_ranks)."""
+    names = tuple(str(name) for name in ranks)
+    first = names[0] if names else host
+    addr = rank0_vars.get("job_launch_master_addr") or rank0_vars.get("ansible_host") or first
+    port = rank0_vars.get("job_launch_master_port") or DEFAULT_MASTER_PORT
+    return Rank(names.index(host) if host in names else -1, names, str(addr), int(port))
+
+
+def check_ranks(host: str, ranks: Any, layouts: Mapping[str, Any], play_hosts: Sequence[str],
+                batch: Sequence[str]) -> None:
+    """RelaunchInputError unless `ranks` lists this host once among the job's ranks, every rank is in
+    this run and in this batch, and every rank lists the same ranks (`layouts`: each rank's list)."""
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+        raise RelaunchInputError(f"{host}: job_launch_ranks must be a list of inventory hostnames, not {ranks!r}")
+    names = [str(name) for name in ranks]
+    problems = []
+    if host not in names:
+        problems.append("it does not list this host")
+    if len(set(names)) != len(names):
+        problems.append("it lists a host more than once")
+    missing = [name for name in names if name not in play_hosts]
+    if missing:
+        problems.append(f"rank(s) {', '.join(missing)} are not in this run (left out by relaunch_hosts or --limit)")
+    later = [name for name in names if name in play_hosts and name not in batch]
+    if later:
+        problems.append(f"rank(s) {', '.join(later)} are not in this batch (relaunch_serial must keep a job's ranks together)")
+    differ = sorted(name for name, layout in layouts.items() if [str(n) for n in (layout or [])] != names)
+    if differ:
+        problems.append(f"rank(s) {', '.join(differ)} list other ranks")
+    if problems:
+        raise RelaunchInputError(
+            f"{host}: job_launch_ranks ({', '.join(names)}) must list this host once among the inventory hostnames of "
+            f"all the job's ranks, each once, all in this run and this batch, and every rank must list the same "
+            f"ranks: {'; '.join(problems)}. No rank of this job is relaunched.")
+
+
+# --- the decision ---------------------------------------------------------------------------------
+
+
+def check_force(force: bool, forced_hosts: int, play_hosts: int, hosts_named: bool) -> None:
+    """A force on every host of the play (e.g. -e relaunch_force=true) restarts every healthy job of the
+    fleet: that needs the hosts said explicitly (relaunch_hosts or --limit), so that a typo such as
+    -e relaunch_host=x never forces a whole inventory."""
+    if force and not hosts_named and play_hosts > 0 and forced_hosts == play_hosts:
+        raise RelaunchInputError(
+            f"relaunch_force is true on every host of the play ({play_hosts}), and neither relaunch_hosts nor --limit "
+            f"says which hosts to force: nothing was changed. Name the hosts with -e relaunch_hosts=HOSTS or --limit "
+            f"HOSTS (relaunch_hosts=all to force the whole inventory), or set relaunch_force per host in the inventory.")
+
+
+def decide(probe: Mapping[str, Any], rank: Rank | None = None,
+           rank_probes: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, Any]:
+    """Relaunch this host or not: train_launch's probe `decision` (its health, spec, guard and force),
+    and for a rank of a multi-rank job, its whole job's.
+
+    One rank that must be relaunched (or that the guard refuses) means every rank must: the others
+    would wait at a rendezvous that never completes. A rank whose probe did not answer does not count
+    (a passing SSH failure must not stop a healthy job); it fails on its own, and the barrier before
+    the launch keeps every other rank from launching without it. When one rank failed (crashed,
+    stalled, missing) every rank resumes: the ranks restart together from one checkpoint.
+    """
+    own = dict(probe.get("decision") or {})
+    decision = {
+        "action": own.get("action", "none"),
+        "relaunch": bool(own.get("relaunch", False)),
+        "why": str(own.get("why", "")),
+        "resume": bool(own.get("resume", False)),
+        # What the launch is told (null: the inventory's job_launch_resume).
+        "resume_mode": None,
+        "wanted_by": [],
+    }
+    if rank is None:
+        return decision
+    answers = {name: (rank_probes or {}).get(name) for name in rank.ranks}
+    must = [name for name, answer in answers.items()
+            if answer and (answer.get("decision") or {}).get("action", "none") != "none"]
+    decision["wanted_by"] = must
+    if must and decision["action"] == "none":
+        decision.update(action="relaunch", relaunch=True,
+                        why=f"relaunched with its job, because rank(s) {', '.join(must)} must be")
+    failed = [name for name, answer in answers.items() if answer and _failed(answer)]
+    if failed and decision["relaunch"]:
+        decision.update(resume=True, resume_mode="always")
+    return decision
+
+
+FAILED_HEALTH = frozenset(state.value for state in Health if state.failed)
+
+
+def _failed(probe: Mapping[str, Any]) -> bool:
+    """Whether the probe found a failure a relaunch answers (Health.failed: crashed, stalled, missing)."""
+    return (probe.get("health") or {}).get("state") in FAILED_HEALTH
+
+
+# --- clearance after the clean-up and the drain ---------------------------------------------------
+
+
+def clearance(cleanup: Mapping[str, Any], drain: Mapping[str, Any], reset_allowed: bool,
+              reset_done: bool, check_mode: bool, host: str) -> dict[str, Any]:
+    """May the job launch now? The worst of what the clean-up left and what the drain found decides.
+
+    ``reset`` is true when only a container reboot helps, the inventory allows it, and it was not done
+    yet; ``blocked`` is the message the host fails with, or None. In check mode a reboot is only
+    announced, so what it would clear is still there: the run goes on to say what the launch would do.
+    """
+    cleanup_level = _escalation(cleanup.get("escalation"))
+    drain_level = _escalation(drain.get("escalation")) if drain else Escalation.NONE
+    released = bool(drain.get("released", True)) if drain else True
+    level = worst((cleanup_level, drain_level))
+    reset = level == Escalation.CONTAINER_REBOOT and reset_allowed and not reset_done
+    reasons = [str(r) for r in cleanup.get("reasons") or []]
+    if not released:
+        reasons.append(str(drain.get("msg") or "the GPUs were not released"))
+    clear = level == Escalation.NONE and released
+    blocked = None
+    if not clear and not reset and not (check_mode and reset_done):
+        if level == Escalation.HOST_ACTION:
+            lead = "The host must act: "
+        elif level == Escalation.CONTAINER_REBOOT:
+            lead = ("A container reboot did not clear it: " if reset_done
+                    else "Only a container reboot helps (container_reset_allowed is false for this host): ")
+        else:
+            lead = "The GPUs were not released: "
+        blocked = f"{host}: not relaunching. {lead}{'; '.join(reasons)}"
+    return {"escalation": level.value, "released": released, "reset": reset, "clear": clear,
+            "blocked": blocked, "reasons": reasons}
+
+
+def _escalation(word: Any) -> Escalation:
+    try:
+        return Escalation(word)
+    except ValueError:
+        # A word outside the vocabulary is a broken answer: it blocks rather than passes.
+        return Escalation.HOST_ACTION
+
+
+# --- summaries ------------------------------------------------------------------------------------
+
+
+HEALTH_KEYS = ("state", "reason", "last_step", "last_progress_at", "since_progress", "exit_code", "exit_signal",
+               "ended_at", "log_tail")
+GUARD_KEYS = ("max_relaunches", "relaunch_window", "recent", "would_refuse", "history")
+
+
+def _result(value: Any) -> Mapping[str, Any]:
+    """A registered result, or {} for a step that did not run (skipped, or never reached)."""
+    if not isinstance(value, Mapping) or value.get("skipped"):
+        return {}
+    return value
+
+
+def _elapsed(*results: Mapping[str, Any]) -> float | None:
+    seconds = [float(r["elapsed"]) for r in results if isinstance(r.get("elapsed"), (int, float))]
+    return round(sum(seconds), 3) if seconds else None
+
+
+def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failure: str | None,
+                 rank: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One host's summary from the results the role registered (see roles/relaunch/tasks).
+
+    `results` keys: probe, decision, stop, cleanup, drain, reset, cleanup_again, drain_again, launch.
+    """
+    probe = _result(results.get("probe"))
+    decision = results.get("decision") or {}
+    stop = _result(results.get("stop"))
+    cleanup = _result(results.get("cleanup"))
+    drain = _result(results.get("drain"))
+    reset = _result(results.get("reset"))
+    cleanup_again = _result(results.get("cleanup_again"))
+    drain_again = _result(results.get("drain_again"))
+    launch = _result(results.get("launch"))
+    action = str(decision.get("action") or "none")
+    wanted = action == "relaunch"
+    health = probe.get("health") or {}
+    guard = probe.get("relaunch_guard") or {}
+    found = cleanup.get("found") or {}
+    job = launch or {}
+    summary: dict[str, Any] = {
+        "host": host,
+        "check_mode": bool(check_mode),
+        # In check mode nothing was relaunched; would_relaunch says what a real run would do.
+        "relaunched": wanted and not check_mode and failure is None,
+        "would_relaunch": wanted,
+        "action": action,
+        "failed": failure,
+        "why": str(decision.get("why") or ("the probe did not answer" if not probe else "")),
+        "health": {key: health.get(key, [] if key == "log_tail" else None) for key in HEALTH_KEYS},
+        # The stop wrote it before any signal (or the launch, when nothing was left to stop).
+        "incident": stop.get("incident") or launch.get("incident"),
+        "resumed": wanted and bool(launch.get("resumed", False)),
+        "relaunch_guard": {key: guard.get(key, [] if key == "history" else None) for key in GUARD_KEYS},
+        "found": str(found.get("escalation") or cleanup.get("escalation")) if cleanup else NOT_LOOKED,
+        "reasons": _unique(list(found.get("reasons") or []) + list(cleanup.get("reasons") or [])),
+        "ended": [entry.get("pid") for entry in (cleanup.get("ended") or []) + (cleanup_again.get("ended") or [])
+                  if isinstance(entry, Mapping)],
+        "gpu_released_mib": (drain_again or drain).get("released_mib"),
+        "container_reset": bool(reset.get("changed", False)),
+        "job": {"operation": job.get("operation"), "pid": job.get("pid"), "log_path": job.get("log_path"),
+                "ready_line": job.get("ready_line")},
+        "seconds": _phase_seconds(stop, (cleanup,), (drain,), (reset, results.get("reset_wait"), cleanup_again,
+                                                              drain_again), launch),
+        # Multi-rank jobs: index, of, ranks, master_addr, master_port (null for a job of one host).
+        "rank": dict(rank) if rank else None,
+    }
+    if not probe:
+        summary["health"].update(state="unknown", reason="the probe did not answer")
+    # What the fleet summary calls it (relaunched, unchanged, refused, failed, would_relaunch).
+    summary["status"] = fleet_status(summary)
+    return summary
+
+
+def _phase_seconds(stop: Mapping[str, Any], cleanup: Iterable[Mapping[str, Any]], drain: Iterable[Mapping[str, Any]],
+                   reset: Iterable[Any], launch: Mapping[str, Any]) -> dict[str, float]:
+    """Seconds per phase that ran, from the modules' own `elapsed` (the time on the target)."""
+    phases = {
+        "stop": _elapsed(stop),
+        "cleanup": _elapsed(*cleanup),
+        "drain": _elapsed(*drain),
+        "container_reset": _elapsed(*(_result(r) for r in reset)),
+        "launch": _elapsed(launch),
+    }
+    return {name: seconds for name, seconds in phases.items() if seconds is not None}
+
+
+def _unique(items: Iterable[Any]) -> list[Any]:
+    seen: list[Any] = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+def fleet_status(summary: Mapping[str, Any] | None) -> str:
+    """What one host's line of the fleet summary says it did."""
+    if not summary or summary.get("failed"):
+        return "failed"
+    if summary.get("action") == "refused":
+        return "refused"
+    if summary.get("relaunched"):
+        return "relaunched"
+    if summary.get("would_relaunch"):
+        return "would_relaunch"
+    return "unchanged"
+
+
+def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The run, summed up: per host, per multi-rank job (which ranks relaunched, which failed), counts.
+
+    `summaries` maps every host of the play that got as far as the relaunch to its host summary
+    (None for a host that failed before its summary was made).
+    """
+    hosts: dict[str, dict[str, Any]] = {}
+    jobs: dict[str, dict[str, Any]] = {}
+    for host, summary in summaries.items():
+        status = fleet_status(summary)
+        summary = summary or {}
+        rank = summary.get("rank") or None
+        hosts[host] = {
+            "status": status,
+            "health": (summary.get("health") or {}).get("state"),
+            "found": summary.get("found"),
+            "ended": len(summary.get("ended") or []),
+            "container_reset": bool(summary.get("container_reset", False)),
+            "pid": (summary.get("job") or {}).get("pid"),
+            "seconds": round(sum((summary.get("seconds") or {}).values()), 2),
+            "rank": rank.get("index") if rank else None,
+        }
+        if rank:
+            ranks = [str(name) for name in rank.get("ranks") or []]
+            if ranks:
+                jobs.setdefault(ranks[0], {"ranks": ranks})
+    for first, job in jobs.items():
+        ranks = job["ranks"]
+        job["relaunched"] = [name for name in ranks if hosts.get(name, {}).get("status") == "relaunched"]
+        job["failed"] = [name for name in ranks if hosts.get(name, {"status": "failed"})["status"] == "failed"]
+    statuses = [row["status"] for row in hosts.values()]
+    return {"hosts": hosts, "jobs": jobs, "counts": {status: statuses.count(status) for status in FLEET_STATUSES}}
+
+
+# The statuses a host fails with, after its summary.
+FAILING_STATUSES = ("failed", "refused")
+
+
+def failure_message(summary: Mapping[str, Any], job_name: str) -> str | None:
+    """What a host whose relaunch failed, or was refused by the crash-loop guard, fails with (None:
+    it does not fail)."""
+    host = summary.get("host")
+    status = fleet_status(summary)
+    if status == "failed":
+        return f"{host}: {summary.get('failed') or 'failed before its summary'}"
+    if status == "refused":
+        health = summary.get("health") or {}
+        tail = " | ".join(str(line) for line in health.get("log_tail") or [])
+        return f"{host}: not relaunching {job_name}: {summary.get('why')}. Nothing was stopped. Log tail: {tail}"
+    return None

@@ -1,0 +1,187 @@
+"""The relaunch role's decisions and summaries (plugin_utils/relaunch_flow): plain functions of results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
+    FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, check_force, check_ranks, clearance, decide,
+    failure_message, fleet_summary, host_summary, rank_of,
+)
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import ReportError, write_report
+
+
+def probe(action: str = "none", state: str = "running", why: str = "w", resume: bool = False) -> dict:
+    return {"health": {"state": state, "reason": "r"}, "decision": {
+        "action": action, "relaunch": action == "relaunch", "why": why, "resume": resume}}
+
+
+RANKS = Rank(0, ("a", "b", "c"), "a", 29500)
+
+
+def test_a_single_host_takes_the_probes_decision_as_it_is():
+    decision = decide(probe("relaunch", "crashed", "the job is crashed: exit 1", True))
+    assert decision == {"action": "relaunch", "relaunch": True, "why": "the job is crashed: exit 1", "resume": True,
+                        "resume_mode": None, "wanted_by": []}
+
+
+def test_one_rank_that_must_relaunch_relaunches_every_rank_and_all_resume_after_a_failure():
+    probes = {"a": probe(), "b": probe("relaunch", "stalled"), "c": probe()}
+    decision = decide(probes["a"], RANKS, probes)
+    assert decision["relaunch"] and decision["action"] == "relaunch"
+    assert decision["why"] == "relaunched with its job, because rank(s) b must be"
+    assert decision["resume_mode"] == "always" and decision["wanted_by"] == ["b"]
+
+
+def test_a_rank_the_guard_refuses_still_takes_its_job_with_it_and_keeps_its_own_refusal():
+    probes = {"a": probe(), "b": probe("refused", "crashed", "guard"), "c": probe()}
+    assert decide(probes["a"], RANKS, probes)["action"] == "relaunch"
+    assert decide(probes["b"], RANKS, probes)["action"] == "refused"
+
+
+def test_a_rank_that_did_not_answer_does_not_relaunch_a_healthy_job():
+    probes = {"a": probe(), "b": None, "c": {"failed": True, "msg": "unreachable"}}
+    decision = decide(probes["a"], RANKS, probes)
+    assert decision["action"] == "none" and not decision["relaunch"] and decision["resume_mode"] is None
+
+
+def test_a_forced_relaunch_of_healthy_ranks_does_not_resume():
+    probes = {name: probe("relaunch", "running", "forced") for name in "abc"}
+    assert decide(probes["a"], RANKS, probes)["resume_mode"] is None
+
+
+@pytest.mark.parametrize("forced, hosts, named, refused", [
+    (4, 4, False, True), (4, 4, True, False), (3, 4, False, False), (0, 0, False, False)])
+def test_a_force_on_every_host_needs_the_hosts_named(forced, hosts, named, refused):
+    if refused:
+        with pytest.raises(RelaunchInputError, match="relaunch_hosts nor --limit"):
+            check_force(True, forced, hosts, named)
+    else:
+        check_force(True, forced, hosts, named)
+    check_force(False, forced, hosts, named)
+
+
+def test_rank_layout_problems_are_each_named():
+    layouts = {"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["c", "b", "a"]}
+    with pytest.raises(RelaunchInputError) as raised:
+        check_ranks("a", ["a", "b", "c"], layouts, ["a", "b", "c"], ["a", "b"])
+    assert "c are not in this batch" in str(raised.value) and "rank(s) c list other ranks" in str(raised.value)
+    with pytest.raises(RelaunchInputError, match="does not list this host"):
+        check_ranks("x", ["a"], {"a": ["a"]}, ["a", "x"], ["a", "x"])
+    with pytest.raises(RelaunchInputError, match="must be a list"):
+        check_ranks("a", "a,b", {}, ["a"], ["a"])
+    check_ranks("b", ["a", "b"], {"a": ["a", "b"], "b": ["a", "b"]}, ["a", "b"], ["a", "b"])
+
+
+def test_rank_zero_gives_the_address_and_port():
+    rank = rank_of("b", ["a", "b"], {"ansible_host": "10.0.0.1"})
+    assert rank.env() == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "1", "NNODES": "2"}
+    assert rank_of("a", ["a"], {"job_launch_master_addr": "m", "job_launch_master_port": 1234}).env()["MASTER_PORT"] == "1234"
+
+
+def reaped(escalation: str, reasons=()) -> dict:
+    return {"escalation": escalation, "reasons": list(reasons)}
+
+
+@pytest.mark.parametrize("cleanup, drain, allowed, done, check, expect", [
+    ("none", {"escalation": "none", "released": True}, False, False, False, ("clear", None)),
+    ("container_reboot", {"escalation": "none", "released": True}, True, False, False, ("reset", None)),
+    ("container_reboot", {"escalation": "none", "released": True}, False, False, False, ("blocked", "Only a container reboot helps")),
+    ("container_reboot", {"escalation": "none", "released": True}, True, True, False, ("blocked", "A container reboot did not clear it")),
+    ("container_reboot", {"escalation": "none", "released": True}, True, True, True, ("announced", None)),
+    ("host_action", {"escalation": "container_reboot", "released": False, "msg": "held"}, True, False, False,
+     ("blocked", "The host must act")),
+    ("none", {"escalation": "signals", "released": False, "msg": "held"}, True, False, False,
+     ("blocked", "The GPUs were not released: why; held")),
+    ("none", {"escalation": "container_reboot", "released": False, "msg": "held"}, True, False, False, ("reset", None)),
+    ("bogus", {}, True, False, False, ("blocked", "The host must act")),
+])
+def test_clearance_takes_the_worst_of_the_cleanup_and_the_drain(cleanup, drain, allowed, done, check, expect):
+    answer = clearance(reaped(cleanup, ["why"]), drain, allowed, done, check, "h1")
+    outcome, text = expect
+    assert answer["clear"] is (outcome == "clear")
+    assert answer["reset"] is (outcome == "reset")
+    if text:
+        assert answer["blocked"].startswith(f"h1: not relaunching. {text}")
+    else:
+        assert answer["blocked"] is None
+
+
+def full_results() -> dict:
+    return {
+        "probe": {"health": {"state": "crashed", "reason": "exit 3", "exit_code": 3, "log_tail": ["boom"]},
+                  "relaunch_guard": {"max_relaunches": 3, "recent": 1, "would_refuse": False, "history": []}},
+        "decision": {"action": "relaunch", "why": "the job is crashed: exit 3"},
+        "stop": {"elapsed": 0.5, "incident": "/var/lib/gpuops/x/incidents/1.json"},
+        "cleanup": {"elapsed": 1.25, "escalation": "none", "reasons": ["ended 2"], "ended": [{"pid": 7}, {"pid": 9}],
+                    "found": {"escalation": "signals", "reasons": ["zombie 7"]}},
+        "drain": {"elapsed": 2.0, "released": True, "released_mib": 1024, "escalation": "none"},
+        "reset": {"skipped": True, "changed": False},
+        "launch": {"elapsed": 3.0, "operation": "start", "pid": 4242, "log_path": "/l", "ready_line": "step 1",
+                   "resumed": True},
+    }
+
+
+def test_the_host_summary_has_native_types_and_every_key():
+    summary = host_summary("h1", False, full_results(), None, None)
+    assert summary["relaunched"] is True and summary["status"] == "relaunched"
+    assert summary["job"] == {"operation": "start", "pid": 4242, "log_path": "/l", "ready_line": "step 1"}
+    assert summary["found"] == "signals" and summary["reasons"] == ["zombie 7", "ended 2"] and summary["ended"] == [7, 9]
+    assert summary["seconds"] == {"stop": 0.5, "cleanup": 1.25, "drain": 2.0, "launch": 3.0}
+    assert summary["container_reset"] is False and summary["resumed"] is True and summary["failed"] is None
+    assert summary["health"]["exit_code"] == 3 and summary["health"]["last_step"] is None
+    assert summary["relaunch_guard"]["relaunch_window"] is None and summary["rank"] is None
+    json.dumps(summary)  # nothing that is not JSON
+
+
+def test_a_noop_summary_says_nothing_was_looked_at():
+    results = {"probe": {"health": {"state": "running", "reason": "ok"}}, "decision": {"action": "none", "why": "left alone"}}
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["status"] == "unchanged" and summary["found"] == NOT_LOOKED and summary["seconds"] == {}
+    assert summary["job"]["pid"] is None and failure_message(summary, "j") is None
+
+
+def test_a_host_whose_probe_failed_is_failed_with_an_unknown_health():
+    summary = host_summary("h1", False, {"probe": {"failed": True, "msg": "x", "skipped": False}}, "probe: x", None)
+    assert summary["status"] == "failed" and failure_message(summary, "j") == "h1: probe: x"
+    summary = host_summary("h1", False, {}, "Ask: unreachable", None)
+    assert summary["health"]["state"] == "unknown"
+
+
+def test_check_mode_would_relaunch_and_a_refusal_fails_with_the_evidence():
+    assert host_summary("h1", True, full_results(), None, None)["status"] == "would_relaunch"
+    results = dict(full_results(), decision={"action": "refused", "why": "relaunched 3 times"})
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["status"] == "refused" and not summary["relaunched"]
+    message = failure_message(summary, "train")
+    assert message.startswith("h1: not relaunching train: relaunched 3 times. Nothing was stopped") and "boom" in message
+
+
+def test_the_fleet_sums_hosts_jobs_and_counts():
+    ranks = {"index": 0, "of": 2, "ranks": ["a", "b"]}
+    a = host_summary("a", False, full_results(), None, ranks)
+    b = host_summary("b", False, full_results(), "Launch: died", dict(ranks, index=1))
+    c = host_summary("c", False, {"probe": {"health": {"state": "running"}}, "decision": {"action": "none"}}, None, None)
+    fleet = fleet_summary({"a": a, "b": b, "c": c, "d": None})
+    assert fleet["hosts"]["a"] == {"status": "relaunched", "health": "crashed", "found": "signals", "ended": 2,
+                                   "container_reset": False, "pid": 4242, "seconds": 6.75, "rank": 0}
+    assert fleet["hosts"]["d"]["status"] == "failed" and fleet["hosts"]["c"]["rank"] is None
+    assert fleet["jobs"] == {"a": {"ranks": ["a", "b"], "relaunched": ["a"], "failed": ["b"]}}
+    assert fleet["counts"] == {"relaunched": 1, "unchanged": 1, "refused": 0, "failed": 2, "would_relaunch": 0}
+    assert tuple(fleet["counts"]) == FLEET_STATUSES
+
+
+def test_a_report_is_written_whole_and_replaces_a_planted_symlink(tmp_path):
+    target = tmp_path / "secret"
+    target.write_text("keep", encoding="utf-8")
+    (tmp_path / "h1.json").symlink_to(target)
+    path = write_report(str(tmp_path), "h1.json", {"pid": 1})
+    assert json.loads((tmp_path / "h1.json").read_text(encoding="utf-8")) == {"pid": 1}
+    assert target.read_text(encoding="utf-8") == "keep" and path == str(tmp_path / "h1.json")
+    assert oct((tmp_path / "h1.json").stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    with pytest.raises(ReportError, match="cannot write"):
+        write_report(str(tmp_path / "file"), "x.json", {})
