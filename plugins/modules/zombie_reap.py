@@ -36,6 +36,11 @@ description:
     still in C(D) after O(d_state_timeout) (with their wait channel) or a process that survives
     SIGKILL. A zombie whose live parent may not be ended holds only its pid and is reported with
     escalation V(none)."
+  - "Before and after: RV(found) is what M(gpuops.relaunch.zombie_facts) would say of the snapshot
+    the plan is made from (no scan of its own), RV(left) what it says of one fresh snapshot taken
+    after the ladder (the same as RV(found) when nothing was executed: check mode, or a plan with no
+    step). So one task both clears and judges: no look before or after it is needed. RV(escalation)
+    is the worst of what the ladder could not clear and of RV(left.escalation)."
   - "A selection that names more than a job is refused before anything is signalled, unless
     O(allow_broad=true): a O(match) pattern that matches the empty string or the command line of
     this module's process or of its ancestors (and so every python process, every other connection,
@@ -109,10 +114,18 @@ options:
       - Ending a parent also orphans its other children; they keep running.
     type: bool
     default: false
+  orphan_grace:
+    description:
+      - Seconds the looks of RV(found) and RV(left) watch zombies orphaned to PID 1 before concluding
+        that PID 1 does not reap them (V(container_reboot)), as O(gpuops.relaunch.zombie_facts#module:orphan_grace)
+        does. A zombie reaped meanwhile is not reported. Between 0 and 600; NaN and infinity are refused.
+    type: float
+    default: 2.0
   fail_on_escalation:
     description:
       - Whether to fail when RV(escalation) is not V(none). The default lets the playbook decide
-        (for example to reboot the container with M(gpuops.relaunch.proxmox_ct_reboot)).
+        (for example to reboot the container with M(gpuops.relaunch.proxmox_ct_reboot)). Never fails
+        in check mode, where RV(escalation) is what was found.
     type: bool
     default: false
 attributes:
@@ -121,7 +134,8 @@ attributes:
     details:
       - Makes the same option checks and the same refusal of a too broad selection as a real run (except
         that O(proc_root) may be another namespace's), computes and returns the full RV(plan), and sends
-        no signal. C(changed) says whether the plan would signal anything.
+        no signal. C(changed) says whether the plan would signal anything. RV(left) is RV(found) and
+        RV(escalation) what it would take to clear that.
   diff_mode:
     support: none
     details:
@@ -135,7 +149,9 @@ notes:
     under O(reap_parents)) went away (exited, or was reaped).
   - A job whose selection matches nothing returns C(changed=false) with a message, so a second run
     is a no-op. O(match) and O(pids) must not both be empty.
-  - The check for a too broad selection and the first plan share one look at the process table.
+  - The check for a too broad selection, the first plan and RV(found) share one look at the process
+    table; each round of the ladder ends with one more, and the last of them is what RV(left) judges.
+    A job with nothing to signal costs one look and sends nothing.
   - O(proc_root) must be the process table of the PID namespace the module runs in, except in check
     mode; run the module inside the container (for example over C(pct exec)) to act there.
 seealso:
@@ -262,16 +278,62 @@ remaining:
 escalation:
   description:
     - What it takes to clear what is left, in the collection's one vocabulary, least force first
-      (see the README's verdict table).
-    - V(none) (nothing left that needs more), V(container_reboot) (only a restart of the container
-      clears what is left) or V(host_action) (not even that may help). V(signals) is a word of the
-      same vocabulary that this module does not return (it has just sent them).
+      (see the README's verdict table): the worst of what the ladder could not clear and of
+      RV(left.escalation).
+    - V(none) (nothing left that needs more), V(signals) (signals would clear what is left, for
+      example a process the job forked after the last round, or in check mode what was found),
+      V(container_reboot) (only a restart of the container clears what is left) or V(host_action)
+      (not even that may help).
   returned: always
   type: str
   choices: [none, signals, container_reboot, host_action]
   sample: container_reboot
+found:
+  description:
+    - What was found before anything was signalled, as M(gpuops.relaunch.zombie_facts) judges it,
+      from the snapshot the plan is made from.
+  returned: unless the options or the selection are refused
+  type: dict
+  sample: {escalation: signals, reasons: ["job processes still running: 4121, 4122"],
+           findings: [{kind: job_running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]}
+  contains:
+    escalation:
+      description: What it takes to clear what was found.
+      type: str
+      choices: [none, signals, container_reboot, host_action]
+    reasons:
+      description: The C(why) of each finding.
+      type: list
+      elements: str
+    findings:
+      description: The findings, with the fields of RV(findings); their C(kind) as in RV(gpuops.relaunch.zombie_facts#module:ansible_facts.zombie_facts.findings).
+      type: list
+      elements: dict
+left:
+  description:
+    - What is left after the ladder, as M(gpuops.relaunch.zombie_facts) judges one fresh snapshot
+      taken after it; the same as RV(found) when nothing was executed (check mode, nothing to signal).
+  returned: unless the options or the selection are refused
+  type: dict
+  sample: {escalation: none, reasons: ["nothing of the job and nothing blocking a relaunch"],
+           findings: [{kind: nothing, escalation: none, pids: [], why: "nothing of the job and nothing blocking a relaunch"}]}
+  contains:
+    escalation:
+      description: What it takes to clear what is left.
+      type: str
+      choices: [none, signals, container_reboot, host_action]
+    reasons:
+      description: The C(why) of each finding.
+      type: list
+      elements: str
+    findings:
+      description: The findings, as in RV(found.findings).
+      type: list
+      elements: dict
 reasons:
-  description: Why RV(escalation) is what it is, and what is left, each naming pids; the C(why) of each of RV(findings).
+  description:
+    - Why RV(escalation) is what it is, and what is left, each naming pids; the C(why) of each of RV(findings).
+    - When RV(left) asks for more than the ladder does, its reasons follow the ladder's.
   returned: always
   type: list
   elements: str
@@ -283,6 +345,7 @@ findings:
       V(unreaped_orphans), V(unreaped_zombie), V(holds_device) or V(other_job) (processes of another job
       the selection named, left alone; escalation V(none)); C(escalation) what clears it;
       C(pids) the processes concerned.
+    - When RV(left) asks for more than the ladder does, its findings follow.
   returned: always
   type: list
   elements: dict
@@ -330,6 +393,7 @@ def main() -> None:
             reap_timeout={"type": "float", "default": 5.0},
             d_state_timeout={"type": "float", "default": 30.0},
             reap_parents={"type": "bool", "default": False},
+            orphan_grace={"type": "float", "default": 2.0},
             fail_on_escalation={"type": "bool", "default": False},
         ),
         supports_check_mode=True,
@@ -354,7 +418,7 @@ def main() -> None:
     report["msg"] = summary(result, module.check_mode)
     if module.check_mode:
         report["changed"] = bool(result.first.steps)
-    if params["fail_on_escalation"] and result.outcome is not None and result.outcome.escalation != Escalation.NONE:
+    if params["fail_on_escalation"] and not module.check_mode and result.escalation != Escalation.NONE:
         module.fail_json(**report)
     module.exit_json(**report)
 

@@ -1,4 +1,4 @@
-"""The process_cleanup role (zombie_facts -> zombie_reap -> zombie_facts) through ansible-playbook:
+"""The process_cleanup role (one zombie_reap call, its found and left) through ansible-playbook:
 its facts are what a playbook decides a container reset on."""
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ from tests.integration.test_zombie_reap import identities, supervised, tree
 
 REAP_TASK = "gpuops.relaunch.process_cleanup : End the job and clear its zombies with the least force that works"
 FACTS = [
-    "process_cleanup_found_escalation", "process_cleanup_found_reasons",
-    "process_cleanup_verdict_before", "process_cleanup_verdict", "process_cleanup_escalation",
+    "process_cleanup_found_escalation", "process_cleanup_found_reasons", "process_cleanup_escalation",
     "process_cleanup_needs_reboot", "process_cleanup_needs_host_action", "process_cleanup_reasons",
-    "process_cleanup_ended", "process_cleanup_remaining",
+    "process_cleanup_ended", "process_cleanup_remaining", "process_cleanup_other_jobs",
 ]
+# What the role runs: the argument check, the one module call, the facts, the fail task (skipped
+# unless asked for). Only the reap reaches the target.
+ROLE_TASKS = 4
+LOCAL_TASKS = ("Validating arguments against arg spec", "Record what was found", "Stop when only")
 
 
 def role_play(match: str, hosts: str = "all") -> list[dict]:
@@ -28,7 +31,7 @@ def role_play(match: str, hosts: str = "all") -> list[dict]:
                       "process_cleanup_reap_timeout": 3, "process_cleanup_orphan_grace": 2}},
             {"name": "Show", "ansible.builtin.debug": {"msg": dict(
                 {fact: "{{ %s }}" % fact for fact in FACTS},
-                after="{{ process_cleanup_after.ansible_facts.zombie_facts }}",
+                after="{{ process_cleanup_result.left }}",
             )}},
         ],
     }]
@@ -37,6 +40,15 @@ def role_play(match: str, hosts: str = "all") -> list[dict]:
 def facts(run) -> dict:
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-4000:]
     return run.result("Show")["msg"]
+
+
+def module_calls(run) -> list[str]:
+    """The role's tasks that run a module on the target, by name: the argument check, set_fact and
+    fail run on the controller. Every task of the role is counted, so a look added before or after
+    the reap shows."""
+    role_tasks = [name for name in run.tasks if name.startswith("gpuops.relaunch.process_cleanup : ")]
+    assert len(role_tasks) == ROLE_TASKS, role_tasks
+    return [name for name in role_tasks if not any(local in name for local in LOCAL_TASKS)]
 
 
 def test_role_on_localhost_check_mode_then_for_real(tmp_path):
@@ -53,35 +65,36 @@ def test_role_on_localhost_check_mode_then_for_real(tmp_path):
         checked = run_playbook(role_play(match), inventory=str(inventory), check=True)
         seen = facts(checked)
         assert seen["process_cleanup_found_escalation"] == "signals"
-        assert seen["process_cleanup_verdict_before"] == "reapable"  # deprecated, the old word
-        assert seen["process_cleanup_verdict"] == "reapable"  # nothing was done
-        assert seen["process_cleanup_escalation"] == "none"
+        # In check mode what is left is what was found: signals would clear it, no reboot.
+        assert seen["process_cleanup_escalation"] == "signals"
+        assert seen["after"]["escalation"] == "signals"
+        assert seen["process_cleanup_needs_reboot"] is False and seen["process_cleanup_needs_host_action"] is False
+        assert module_calls(checked) == [REAP_TASK]
         plan = checked.result(REAP_TASK)
         assert plan["actions"] == [] and {s["pid"] for s in plan["plan"]} >= set(before) - {int(job["zombie"])}
+        assert plan["left"] == plan["found"]
         assert all(process_starttime(pid) == st for pid, st in before.items())
 
-        done = facts(run_playbook(role_play(match), inventory=str(inventory)))
+        run = run_playbook(role_play(match), inventory=str(inventory))
+        done = facts(run)
+        assert module_calls(run) == [REAP_TASK]
         assert done["process_cleanup_found_escalation"] == "signals"
         assert any(str(parent) in reason for reason in done["process_cleanup_found_reasons"])
-        # Other tests on this machine may orphan zombies to PID 1 meanwhile: those make the verdict
-        # "reapable" (PID 1 reaps them soon); nothing of this test's job may be left.
+        # Orphans other tests on this machine hand to PID 1 meanwhile are watched, and PID 1 reaps
+        # them within the grace: nothing of this test's job, and nothing else, may be left.
         after = done["after"]
-        assert after["job_processes"] == []
-        assert not set(before) & {z["pid"] for z in after["zombies"]}
-        foreign = [z for z in after["zombies"] if z["blocking"]]
-        assert after["escalation"] == ("signals" if foreign else "none"), done["process_cleanup_reasons"]
-        assert done["process_cleanup_verdict"] == ("reapable" if foreign else "clean")
-        assert done["process_cleanup_escalation"] == "none"
+        assert after["escalation"] == "none", after
+        assert done["process_cleanup_escalation"] == "none", done["process_cleanup_reasons"]
         assert done["process_cleanup_needs_reboot"] is False and done["process_cleanup_needs_host_action"] is False
         assert {e["pid"] for e in done["process_cleanup_ended"]} == set(before)
         assert all(process_starttime(pid) != st for pid, st in before.items())
 
         again = run_playbook(role_play(match), inventory=str(inventory))
         reap = again.result(REAP_TASK)
-        if facts(again)["process_cleanup_found_escalation"] == "none":
-            assert reap.get("skipped") is True
-        else:  # only someone else's passing orphans: the job itself has nothing left
-            assert reap["changed"] is False and reap["signals_sent"] == 0 and reap["job"] == []
+        # Nothing to signal is cheap: one look (left is found), no signal, no change.
+        assert module_calls(again) == [REAP_TASK]
+        assert reap["changed"] is False and reap["signals_sent"] == 0 and reap["job"] == [] and reap["plan"] == []
+        assert reap["left"] == reap["found"] and facts(again)["process_cleanup_escalation"] == "none"
     finally:
         reaper.cleanup()
 
@@ -94,11 +107,12 @@ def test_role_inside_a_non_reaping_container_asks_for_a_reboot(tmp_path):
             runner = ["nsenter", f"--target={namespace.init_pid}", "--pid", "--mount", "--"]
             job = reaper.start(STALE_JOB, tag, runner=runner)
             inventory = namespace.write_inventory(tmp_path / "inventory")
-            done = facts(run_playbook(role_play(tag.replace(".", r"\.") + r"\b"), inventory=inventory))
+            run = run_playbook(role_play(tag.replace(".", r"\.") + r"\b"), inventory=inventory)
+            done = facts(run)
+            assert module_calls(run) == [REAP_TASK]
             assert done["process_cleanup_escalation"] == "container_reboot"
             assert done["process_cleanup_needs_reboot"] is True
             assert done["after"]["escalation"] == "container_reboot"
-            assert done["process_cleanup_verdict"] == "needs_reboot"  # deprecated, the old word
             assert {e["state"] for e in done["process_cleanup_remaining"]} == {"Z"}
             assert int(job["orphan"]) in {e["pid"] for e in done["process_cleanup_remaining"]}
             assert state_of(namespace.init_pid) == "S"

@@ -141,10 +141,24 @@ def assess(
     listed with the protected ones (unless `allow_broad`, with which zombie_reap would end them).
     """
     table = ProcessTable.scan(proc_root)
-    selector = options.selector
     own = own_pid_in(proc_root)
-    protection = Protection(table, options.protected, own)
-    other_jobs = OtherJobs(table, selector.job_dir)
+    return assess_table(table, options, Protection(table, options.protected, own), OtherJobs(table, options.selector.job_dir),
+                        own, clock, sleep)
+
+
+def assess_table(
+    table: ProcessTable,
+    options: AssessmentOptions,
+    protection: Protection,
+    other_jobs: OtherJobs,
+    own: int,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Assessment:
+    """:func:`assess` of a scan already made: zombie_reap judges the very table its plan is made
+    from (and the one it takes after the ladder), so that its ``found`` and ``left`` cost no scan
+    of their own. `protection` and `other_jobs` must be of `table`; their answers are reused."""
+    selector = options.selector
     named = selector.named(table)
     review = FloorReview()
     if not selector.allow_broad and not selector.is_empty:
@@ -192,9 +206,13 @@ def assess(
         if why is not None:
             blocking[zombie.pid] = why
 
-    unreaped = _watch_orphans(table, blocking, options.orphan_grace, clock, sleep)
+    unreaped, reaped = _watch_orphans(table, blocking, options.orphan_grace, clock, sleep)
     for entry in result.zombies:
         entry["unreaped_orphan"] = entry["pid"] in unreaped
+        # Reaped while it was watched: it no longer stands in the way of anything.
+        if entry["pid"] in reaped:
+            entry["blocking"] = False
+            del blocking[entry["pid"]]
     _decide(result, table, job, blocking, unreaped, holders, options)
     other_jobs.add_findings(result.judgement)
     return result
@@ -268,16 +286,18 @@ def _watch_orphans(
     grace: float,
     clock: Callable[[], float],
     sleep: Callable[[float], None],
-) -> set[int]:
-    """Plain zombies orphaned to PID 1 that are still there after `grace` seconds.
+) -> tuple[set[int], set[int]]:
+    """Plain zombies orphaned to PID 1 that are still there after `grace` seconds, and those that
+    were reaped meanwhile.
 
     A reaping init (systemd, tini, a shell) takes them within a second or two; one that does not
     reap never will. One snapshot cannot tell these apart, so watch for up to `grace` seconds.
     """
-    waiting = {
+    watched = {
         pid for pid in blocking
         if table.processes[pid].ppid == NAMESPACE_INIT_PID and not table.processes[pid].live_threads
     }
+    waiting = set(watched)
 
     def all_reaped() -> bool:
         nonlocal waiting
@@ -285,7 +305,7 @@ def _watch_orphans(
         return not waiting
 
     poll_until(all_reaped, grace, ORPHAN_POLL_INTERVAL, clock, sleep)
-    return waiting
+    return waiting, watched - waiting
 
 
 def _still_zombie(table: ProcessTable, pid: int) -> bool:

@@ -52,8 +52,14 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
     own_pid_in,
     refuse_broad_selection,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import (
+    MAX_ORPHAN_GRACE,
+    Assessment,
+    AssessmentOptions,
+    assess_table,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs, own_job_dir
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict, worst
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     DENIED,
     REFUSED,
@@ -351,27 +357,50 @@ class Executor:
 
 @dataclass
 class ReapResult:
-    """The plan(s) and, unless in check mode, what executing them did."""
+    """The plan(s) and, unless in check mode, what executing them did; what was found before the
+    ladder (judged on the plan's own scan) and what is left after it (one fresh scan, or the same
+    as found when nothing was executed)."""
 
     plans: list[ReapPlan]
     outcome: Outcome | None
     elapsed: float
+    found: Assessment
+    left: Assessment
     other_jobs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def first(self) -> ReapPlan:
         return self.plans[0]
 
+    @property
+    def escalation(self) -> Escalation:
+        """What it takes to clear what is left: the worst of what the ladder could not clear and of
+        the look after it (the look sees what is not the job's too, such as orphans under PID 1)."""
+        return worst((self._ladder.escalation, self.left.escalation))
+
+    @property
+    def judgement(self) -> Verdict:
+        """The findings behind `escalation`: what the ladder could not clear, the other jobs left
+        alone, and the look's own findings where the look asks for more than the ladder does (in
+        check mode, or with nothing to execute, that is what was found)."""
+        judgement = Verdict(list(self._ladder.findings))
+        for job_dir, pids in _by_job(self.other_jobs).items():
+            judgement.add("other_job", Escalation.NONE,
+                          f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
+                          f"(name that job with job_name to select its processes)", pids)
+        if self.left.escalation.rank > self._ladder.escalation.rank:
+            judgement.extend(self.left.judgement)
+        return judgement
+
+    @property
+    def _ladder(self) -> Verdict:
+        return self.outcome.judgement if self.outcome is not None else Verdict()
+
     def as_dict(self) -> dict[str, Any]:
         plan_steps = []
         for number, plan in enumerate(self.plans, start=1):
             plan_steps.extend(dict(step, round=number) for step in plan.as_list())
         outcome = self.outcome or Outcome()
-        judgement = Verdict(list(outcome.judgement.findings))
-        for job_dir, pids in _by_job(self.other_jobs).items():
-            judgement.add("other_job", Escalation.NONE,
-                          f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
-                          f"(name that job with job_name to select its processes)", pids)
         return {
             "changed": outcome.changed,
             "job": [{"pid": i.pid, "starttime": i.starttime, "comm": i.comm} for i in self.first.job],
@@ -384,9 +413,16 @@ class ReapResult:
             "signals_sent": outcome.signals_sent,
             "ended": outcome.ended,
             "remaining": outcome.remaining,
-            **judgement.as_dict(),
+            **self.judgement.as_dict(),
+            "found": _look(self.found),
+            "left": _look(self.left),
             "elapsed": round(self.elapsed, 3),
         }
+
+
+def _look(assessment: Assessment) -> dict[str, Any]:
+    """An assessment as `found` and `left` carry it: its escalation, reasons and findings."""
+    return assessment.judgement.as_dict()
 
 
 def _by_job(entries: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -435,6 +471,7 @@ def options_from_params(
         option: checks.check(check_timeout, option, params[option])
         for option in ("term_timeout", "kill_timeout", "reap_timeout", "d_state_timeout")
     }
+    orphan_grace = checks.check(check_timeout, "orphan_grace", params["orphan_grace"], maximum=MAX_ORPHAN_GRACE)
     if not check_mode:
         checks.check(check_own_namespace, params["proc_root"])
     checks.raise_if_any()
@@ -445,6 +482,7 @@ def options_from_params(
         reap_timeout=float(timeouts["reap_timeout"] or 0.0),
         d_state_timeout=float(timeouts["d_state_timeout"] or 0.0),
         reap_parents=params["reap_parents"],
+        orphan_grace=float(orphan_grace or 0.0),
     )
     return dataclasses.replace(selector, job_dir=job_dir), protected, options
 
@@ -457,6 +495,11 @@ class Snapshot:
     protection: Protection
     other_jobs: OtherJobs
     job: set[int]
+    own: int
+
+    def assess(self, options: AssessmentOptions, clock: Callable[[], float], sleep: Callable[[float], None]) -> Assessment:
+        """What zombie_facts would say of this very scan (no scan of its own)."""
+        return assess_table(self.table, options, self.protection, self.other_jobs, self.own, clock, sleep)
 
 
 def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pattern[str], ...],
@@ -475,7 +518,7 @@ def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pa
     job = selector.select(table, protection, spared=other_jobs.reason) if not selector.is_empty else set()
     for pid in job:
         table.load_threads(pid)
-    return Snapshot(table, protection, other_jobs, job)
+    return Snapshot(table, protection, other_jobs, job, own)
 
 
 def reap_job(
@@ -493,26 +536,31 @@ def reap_job(
     forked while it was being ended (at most MAX_ROUNDS plans).
 
     BroadSelectionError (nothing signalled) when the selection is too broad in the first scan, the
-    one the first plan is made from.
+    one the first plan is made from. That scan is also what `found` judges. When a ladder ran, every
+    round ends with one scan: the one that finds no newcomer (or ends the last round) is what `left`
+    judges; with nothing to execute (check mode, an empty plan) `left` is `found`, and there is no
+    second scan.
     """
     started = clock()
     patterns = tuple(protected)
+    looks = AssessmentOptions(selector=selector, protected=patterns, device_glob=device_glob, orphan_grace=options.orphan_grace)
     control = control or ProcessControl(proc_root)
     look = snapshot_for_plan(proc_root, selector, patterns, refuse_broad=True)
+    found = look.assess(looks, clock, sleep)
     plan = plan_reap(look.table, selector, look.protection, options, look.other_jobs.reason)
     plans = [plan]
     other_jobs = {(entry["pid"], entry["starttime"]): entry for entry in look.other_jobs.report()}
     if check_mode or plan.is_empty:
-        return ReapResult(plans, None, clock() - started, list(other_jobs.values()))
+        return ReapResult(plans, None, clock() - started, found, found, list(other_jobs.values()))
     outcome = Executor(plan, control, look.protection, options, clock, sleep).run()
     seen = {i.key for i in plan.job}
-    for number in range(2, MAX_ROUNDS + 1):
+    while True:
         look = snapshot_for_plan(proc_root, selector, patterns)
         newcomers = sorted(
             pid for pid in look.job
             if Identity.of(look.table.processes[pid]).key not in seen and not look.table.processes[pid].is_zombie
         )
-        if not newcomers:
+        if not newcomers or len(plans) == MAX_ROUNDS:
             break
         follow_up = JobSelector(pids=tuple(newcomers), include_descendants=selector.include_descendants,
                                 job_dir=selector.job_dir)
@@ -521,24 +569,23 @@ def reap_job(
         for entry in look.other_jobs.report():
             other_jobs.setdefault((entry["pid"], entry["starttime"]), entry)
         seen |= {i.key for i in plan.job}
-        outcome.merge(Executor(plan, control, look.protection, options, clock, sleep, number).run())
-    _name_held_devices(outcome, proc_root, device_glob)
-    return ReapResult(plans, outcome, clock() - started, list(other_jobs.values()))
+        outcome.merge(Executor(plan, control, look.protection, options, clock, sleep, len(plans)).run())
+    left = look.assess(looks, clock, sleep)
+    _name_held_devices(outcome, look.table, left)
+    return ReapResult(plans, outcome, clock() - started, found, left, list(other_jobs.values()))
 
 
-def _name_held_devices(outcome: Outcome, proc_root: str, device_glob: str) -> None:
-    """The GPU device files the processes left running still hold: evidence for the host."""
-    left = {(e["pid"], e["starttime"]): e for e in outcome.remaining if e["state"] != "Z"}
-    if not left:
-        return
-    table = ProcessTable.scan(proc_root)
-    same = [pid for pid, starttime in left if Identity(pid, starttime).matches(table.processes.get(pid))]
-    holders = table.device_holders(device_glob, candidates=same)
-    for (pid, _starttime), entry in left.items():
-        entry["devices"] = sorted({h.device for h in holders if h.pid == pid})
+def _name_held_devices(outcome: Outcome, table: ProcessTable, left: Assessment) -> None:
+    """The GPU device files the processes left running still hold: evidence for the host, from the
+    holders the look after the ladder found in its scan."""
+    for entry in outcome.remaining:
+        if entry["state"] == "Z":
+            continue
+        same = Identity(entry["pid"], entry["starttime"]).matches(table.processes.get(entry["pid"]))
+        entry["devices"] = sorted({h["device"] for h in left.gpu_holders if same and h["pid"] == entry["pid"]})
         if entry["devices"]:
             outcome.judgement.add("holds_device", Escalation.NONE,
-                                  f"pid {pid} ({entry['comm']}) still holds {', '.join(entry['devices'])}", [pid])
+                                  f"pid {entry['pid']} ({entry['comm']}) still holds {', '.join(entry['devices'])}", [entry["pid"]])
 
 
 def summary(result: ReapResult, check_mode: bool) -> str:
@@ -555,8 +602,8 @@ def summary(result: ReapResult, check_mode: bool) -> str:
             f"nothing was signalled{missing}"
         )
     outcome = result.outcome
-    if outcome.escalation == Escalation.NONE:
+    if result.escalation == Escalation.NONE:
         left = f"{len(outcome.remaining)} left, none needing a reboot (see remaining)" if outcome.remaining else "nothing left that blocks a relaunch"
     else:
-        left = f"escalation {outcome.escalation.value}: {'; '.join(outcome.reasons)}"
+        left = f"escalation {result.escalation.value}: {'; '.join(result.judgement.reasons)}"
     return f"ended {len(outcome.ended)} process(es) with {outcome.signals_sent} signal(s); {left}{missing}"

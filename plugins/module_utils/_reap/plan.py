@@ -82,6 +82,9 @@ class ReapOptions:
     reap_timeout: float = 5.0
     d_state_timeout: float = 30.0
     reap_parents: bool = False
+    # Not a rung of the ladder: how long the looks before and after it (found, left) watch zombies
+    # orphaned to PID 1, as zombie_facts does.
+    orphan_grace: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ def test_gone_before_the_signal():
 def reap_params(**overrides):
     values = {name: spec.get("default") for name, spec in JOB_SELECTION_SPEC.items()}
     values.update(term_signal="SIGTERM", term_timeout=10.0, kill_timeout=10.0, reap_timeout=5.0,
-                  d_state_timeout=30.0, reap_parents=False, match=[r"train\.py"])
+                  d_state_timeout=30.0, reap_parents=False, orphan_grace=2.0, match=[r"train\.py"])
     values.update(overrides)
     return values
 
@@ -174,11 +174,12 @@ def test_every_bad_option_is_reported_at_once():
     with pytest.raises(OptionsInvalid) as caught:
         options_from_params(reap_params(
             match=["train(.py"], protected=["[sshd"], pids=[0], term_signal="STOP", term_timeout=-1,
-            kill_timeout=float("nan"), reap_timeout=float("inf"), d_state_timeout=1e12, proc_root="/nonexistent",
+            kill_timeout=float("nan"), reap_timeout=float("inf"), d_state_timeout=1e12, orphan_grace=601,
+            proc_root="/nonexistent",
         ))
     error = caught.value
     assert error.options == ["pids", "match", "protected", "term_signal", "term_timeout", "kill_timeout",
-                             "reap_timeout", "d_state_timeout", "proc_root"]
+                             "reap_timeout", "d_state_timeout", "orphan_grace", "proc_root"]
     result = error.as_result()
     assert set(result) == {"msg", "option_problems"} and all(set(p) == {"option", "reason"} for p in result["option_problems"])
     assert "term_signal: SIGSTOP does not end a process" in result["msg"]
