@@ -88,6 +88,20 @@ description:
     container), or V(stopped) (ended because this module stopped it while it was running and
     progressing). A run this module stopped while it was stalled, crashed or missing keeps that
     verdict (a failure stays one - the crash-loop guard counts it, and a relaunch resumes it).
+  - O(state=probe) asks what O(state=started) would do, and whether the relaunch should act - it judges
+    the job as every state does, plans what O(state=started) would do (RV(operation) V(none), V(start) or
+    V(restart), or a refusal by the crash-loop guard) and returns that plan as O(state=started) renders
+    it in check mode (RV(operation), RV(resumed), RV(rotated_log), RV(removed_paths), RV(relaunch_guard),
+    RV(health), RV(backend), RV(spec_hash), RV(msg) C(would ...)), with RV(decision). It never stops,
+    starts, rotates or removes anything and writes no incident record or relaunch history; C(changed) is
+    false. A start that could not work fails it, as it fails the check-mode probe. Outside check mode it
+    notes progress as O(state=health) does. It waits for the job's lock only when it writes a record
+    (O(reset_guard)).
+  - RV(decision) (with O(state=probe), V(started), V(restarted) and V(health)) is the relaunch's policy,
+    decided in Python - V(relaunch) a job found V(crashed), V(stalled), V(missing) or V(stopped), or one
+    that runs with another spec, log path or backend; V(none) for one that V(finished) or runs with this
+    spec, unless O(force); V(refused) for a relaunch the crash-loop guard refuses. O(force) changes
+    nothing but the decision.
   - O(state=health) only asks - it returns the verdict, the crash-loop guard's view and the log tail,
     and changes nothing of the job. Outside check mode it notes, as every task does, when it first
     saw the last progress line (C(progress.json) with the job's records), so that a later verdict is
@@ -100,8 +114,8 @@ description:
     Wall-clock times are compared with the wall clock.
   - With O(progress_regex) and O(stall_after) set, O(state=started) restarts a stalled job like one
     that does not run. Like any job that does not run, a V(finished) one is started again by
-    O(state=started) (from the start, without O(resume_args)); C(playbooks/relaunch.yml) leaves it
-    alone unless forced, deciding on RV(health) from a check-mode probe.
+    O(state=started) (from the start, without O(resume_args)); RV(decision) leaves it alone unless
+    O(force).
   - Evidence before anything is signalled - the first changing task (O(state=started), V(restarted) or
     V(stopped), not in check mode) that finds the run V(stalled) or V(crashed) - or V(missing) while some
     of its tree is left to stop - writes an incident record
@@ -133,15 +147,16 @@ options:
     description:
       - V(started) makes sure the job runs with this spec (and, with O(stall_after), progresses);
         V(restarted) always restarts it; V(stopped) ends it; V(health) only returns RV(health) and
-        changes nothing.
+        changes nothing; V(probe) returns what V(started) would do (the plan, as check mode renders it)
+        and RV(decision), and changes nothing (see the description).
     type: str
-    choices: [started, restarted, stopped, health]
+    choices: [started, restarted, stopped, health, probe]
     default: started
   command:
     description:
       - The job's argv as a list, for example V(['python3', 'train.py', '--config', 'a.yaml']).
       - A string only together with O(shell=true), which runs it with C(/bin/sh -c).
-      - Required with O(state=started) and O(state=restarted).
+      - Required with O(state=started), O(state=restarted) and O(state=probe).
     type: raw
   shell:
     description:
@@ -173,7 +188,7 @@ options:
       - It must be a regular file of one link or not exist yet; a symlink, FIFO, device or a file with
         other hard links there is refused. It is opened without following links (nor a symlink on the
         way that another user than root can change) and chowned to O(user).
-      - Required with O(state=started) and O(state=restarted).
+      - Required with O(state=started), O(state=restarted) and O(state=probe).
     type: path
   keep_logs:
     description:
@@ -284,6 +299,24 @@ options:
       - The window of O(max_relaunches), in seconds. A finite number, more than 0 and at most 2592000 (30 days).
     type: float
     default: 3600
+  force:
+    description:
+      - Decide to relaunch a job that would be left alone - one that V(finished), or runs with this
+        spec. Changes RV(decision) only (V(relaunch), its RV(decision.why) starting C(forced)); what the
+        task does is unchanged (the C(gpuops.relaunch.relaunch) role stops the job first, then starts it).
+      - The crash-loop guard still refuses a relaunch after a failure past O(max_relaunches).
+    type: bool
+    default: false
+  reset_guard:
+    description:
+      - Reset the crash-loop guard - clear the job's relaunch history (C(relaunches.json) with its
+        records) before judging, so that RV(relaunch_guard), the plan and RV(decision) see no earlier
+        relaunch. The documented way out of a refusal once the cause is fixed, instead of waiting for
+        O(relaunch_window) to pass or raising O(max_relaunches).
+      - C(changed) is true when entries were cleared (in check mode, would be; nothing is cleared);
+        RV(guard_cleared) says how many.
+    type: bool
+    default: false
 notes:
   - The supervisor exits once the job's whole tree is gone, except where its parent (in a container,
     PID 1) neither catches nor ignores SIGCHLD and so may never reap it. Exiting there would leave the
@@ -303,7 +336,7 @@ attributes:
       - A start that could not work fails in check mode too, with the same checks and messages as for
         real (see the description).
       - RV(health) is judged as outside check mode; no incident record, progress record or relaunch
-        history is written. A relaunch the crash-loop guard would refuse does not fail in check mode -
+        history is written (nor cleared by O(reset_guard)). A relaunch the crash-loop guard would refuse does not fail in check mode -
         RV(relaunch_guard.would_refuse) and RV(msg) say so.
   diff_mode:
     support: none
@@ -327,6 +360,31 @@ EXAMPLES = r"""
     resume_args: [--resume, /workspace/ckpt/latest]
     max_relaunches: 3
     relaunch_window: 3600
+
+- name: Ask what the relaunch should do (changes nothing; a finished job is relaunched only with force)
+  gpuops.relaunch.train_launch:
+    name: llm-pretrain
+    state: probe
+    command: [/usr/bin/python3, /workspace/train.py, --config, /workspace/run.yaml]
+    log_path: /workspace/train.log
+    progress_regex: '^step (\d+) '
+    stall_after: 900
+    resume_args: [--resume, /workspace/ckpt/latest]
+    max_relaunches: 3
+    force: false
+  register: probe
+
+- name: Say what it decided and why
+  ansible.builtin.debug:
+    msg: "{{ probe.decision.action }} (resume {{ probe.decision.resume }}): {{ probe.decision.why }}"
+
+- name: After fixing the cause of a crash loop, reset the crash-loop guard and relaunch
+  gpuops.relaunch.train_launch:
+    name: llm-pretrain
+    command: [/usr/bin/python3, /workspace/train.py, --config, /workspace/run.yaml]
+    log_path: /workspace/train.log
+    max_relaunches: 3
+    reset_guard: true
 
 - name: Ask how the job is doing (changes nothing)
   gpuops.relaunch.train_launch:
@@ -394,8 +452,8 @@ backend:
 operation:
   description:
     - What the task does (in check mode, would do) to reach O(state) - V(none) (already there),
-      V(start), V(restart) or V(stop). Unlike C(changed) it is structured for a decision, for
-      example by a probe in check mode whose change should not be counted.
+      V(start), V(restart) or V(stop); with O(state=probe), what O(state=started) would do. Unlike
+      C(changed) it is structured for a decision, for example by a probe whose change should not be counted.
   returned: always, except when the options were refused
   type: str
   sample: start
@@ -506,12 +564,12 @@ option_problems:
       type: str
 rotated_log:
   description: The name the previous log got (C(LOG.1) by rotation, or C(LOG.failed) for the log of a start that was never proven; C(null) if there was none).
-  returned: after a start, and in check mode for started/restarted
+  returned: after a start, and for a planned start in check mode (started/restarted) and with state probe
   type: str
   sample: /workspace/train.log.1
 removed_paths:
-  description: The O(remove_paths) that existed and were removed (in check mode, that would be).
-  returned: after a start, and in check mode for started/restarted
+  description: The O(remove_paths) that existed and were removed (in check mode and with state probe, that would be).
+  returned: after a start, and for a planned start in check mode (started/restarted) and with state probe
   type: list
   elements: str
   sample: [/tmp/torchinductor_root]
@@ -634,17 +692,17 @@ incident:
     - The incident record of the run found V(stalled), V(crashed) or V(missing) (with some of its tree left
       to stop) - written by this task before anything
       was signalled, or the one an earlier task wrote for this run. Null when there is none.
-  returned: with state started, restarted or stopped, except in check mode and when the options were refused
+  returned: with state started, restarted, stopped or probe, unless the options were refused (null in check mode and with state probe)
   type: str
   sample: /var/lib/gpuops/llm-pretrain/incidents/incident-20261202T161500.123456Z-3f2a9c0e5b8d4e1f9a7c6b5d4e3f2a1b.json
 resumed:
-  description: Whether O(resume_args) were (in check mode, would be) appended to the command of this start.
-  returned: with state started and restarted, unless the options were refused
+  description: Whether O(resume_args) were (in check mode and with state probe, would be) appended to the command of this start.
+  returned: with state started, restarted and probe, unless the options were refused
   type: bool
   sample: true
 relaunch_guard:
-  description: The crash-loop guard for a start now.
-  returned: with state started, restarted and health, unless the options were refused
+  description: The crash-loop guard for a start now (after O(reset_guard), if given).
+  returned: with state started, restarted, health and probe, unless the options were refused
   type: dict
   sample: {"max_relaunches": 3, "relaunch_window": 3600.0, "recent": 3, "needed": true, "would_refuse": true,
            "history": [{"at": 1764691200.0, "at_iso": "2026-12-02T16:00:00+00:00", "run_id": "3f2a9c0e", "health": "crashed"}]}
@@ -668,6 +726,43 @@ relaunch_guard:
     would_refuse:
       description: Whether the guard refuses (in check mode, would refuse) that relaunch.
       type: bool
+decision:
+  description:
+    - The relaunch's decision on the job, from RV(health), whether it runs with another spec, log path or
+      backend, RV(relaunch_guard) and O(force) - what C(gpuops.relaunch.relaunch) acts on. Decide on
+      RV(decision.action), never on RV(decision.why).
+    - With O(state=health) (no command) a job that runs with another spec is not told apart from one
+      that runs with this spec; use O(state=probe) for that.
+  returned: with state probe, started, restarted and health, unless the options were refused
+  type: dict
+  sample: {"action": "relaunch", "relaunch": true, "resume": true,
+           "why": "the job is crashed: ended with exit code 3 at 2026-12-02T16:10:00+00:00"}
+  contains:
+    action:
+      description:
+        - V(relaunch) - the job is V(crashed), V(stalled), V(missing) or V(stopped), runs with another
+          spec, log path or backend, or O(force) relaunches a job that V(finished) or runs with this spec.
+        - V(none) - left alone (it V(finished), or runs with this spec; O(force) relaunches it).
+        - V(refused) - a relaunch is wanted but the crash-loop guard refuses it (RV(decision.why) is
+          the refusal, naming O(max_relaunches), O(relaunch_window) and O(reset_guard)).
+      type: str
+      choices: [none, relaunch, refused]
+    relaunch:
+      description: Whether RV(decision.action) is V(relaunch).
+      type: bool
+    why:
+      description: Why, for people (the wording of the relaunch's summary).
+      type: str
+    resume:
+      description:
+        - Whether the relaunch appends O(resume_args) (after a failure with O(resume=auto), after any
+          earlier run with O(resume=always)); false when nothing is relaunched.
+      type: bool
+guard_cleared:
+  description: How many relaunches O(reset_guard) cleared from the job's history (in check mode, would clear).
+  returned: when O(reset_guard) is true, unless the options were refused
+  type: int
+  sample: 3
 record_problems:
   description:
     - Records in the job's state directory that were not sound (not JSON, a field of the wrong kind,
@@ -681,6 +776,7 @@ record_problems:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import LaunchController, LaunchError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES, STATE_WORDS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, open_gpu_source
@@ -722,7 +818,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "name": {"type": "str", "required": True},
-            "state": {"type": "str", "default": "started", "choices": ["started", "restarted", "stopped", "health"]},
+            "state": {"type": "str", "default": "started", "choices": list(STATE_WORDS)},
             "command": {"type": "raw"},
             "shell": {"type": "bool", "default": False},
             "chdir": {"type": "path"},
@@ -745,11 +841,10 @@ def main() -> None:
             "resume": {"type": "str", "choices": ["auto", "always", "never"], "default": "auto"},
             "max_relaunches": {"type": "int"},
             "relaunch_window": {"type": "float", "default": 3600},
+            "force": {"type": "bool", "default": False},
+            "reset_guard": {"type": "bool", "default": False},
         },
-        required_if=[
-            ("state", "started", ("command", "log_path")),
-            ("state", "restarted", ("command", "log_path")),
-        ],
+        required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,
     )
     try:

@@ -55,7 +55,8 @@ class RelaunchGuard:
     def refusal(self, recent: int, health: str) -> str:
         return (f"not relaunching: the job is {health}, and it was relaunched after a failure {recent} times "
                 f"within the last relaunch_window={self.window:g}s (max_relaunches={self.max_relaunches}); "
-                "look at the evidence, fix the cause, then raise max_relaunches or wait")
+                "look at the evidence, fix the cause, then raise the limit (max_relaunches), wait, or reset the "
+                "guard with reset_guard=true / job_launch_reset_guard=true")
 
 
 def _within(entry: dict[str, Any], now: float, window: float) -> bool:

@@ -32,6 +32,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safep
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -116,6 +117,10 @@ class LaunchOptions:
     resume: str = "auto"
     max_relaunches: int | None = None
     relaunch_window: float = 3600.0
+    # Changes only the decision: a job left alone (finished, or running with this spec) is relaunched.
+    force: bool = False
+    # Clear the job's relaunch history before deciding (the crash-loop guard's documented reset).
+    reset_guard: bool = False
 
     @property
     def job_dir(self) -> str:
@@ -400,7 +405,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     state_dir = checks.check(_absolute, "state_dir", params["state_dir"])
     log_path = checks.check(_absolute, "log_path", params.get("log_path"))
     spec = None
-    if state in ("started", "restarted"):
+    if state in PLANNING_STATES:
         spec = _job_spec(checks, params)
     ready_regex = checks.check(_ready_regex, params.get("ready_regex"))
     startup_timeout = checks.check(check_timeout, "startup_timeout", params["startup_timeout"])
@@ -445,6 +450,8 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         resume=params.get("resume") or "auto",
         max_relaunches=max_relaunches,
         relaunch_window=float(relaunch_window or 3600.0),
+        force=bool(params.get("force")),
+        reset_guard=bool(params.get("reset_guard")),
     )
 
 

@@ -128,3 +128,100 @@ def test_a_relaunch_history_holding_nan_or_infinity_is_refused_and_reported(tmp_
     result = apply(tmp_path, state="health", command=None)
     assert any(f"holds {constant}" in problem for problem in result["record_problems"])
     assert result["relaunch_guard"]["recent"] == 0
+
+
+# --- state=probe, force, reset_guard ----------------------------------------------------------
+
+def crashed(job) -> None:
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 3, "exit_signal": None, "ended_at": "t"}))
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_probe_renders_the_plan_as_check_mode_does_and_changes_nothing(tmp_path, job, check_mode) -> None:
+    crashed(job)
+    (tmp_path / "cache").mkdir()
+    before = listing(job)
+    probe = apply(tmp_path, check_mode=check_mode, state="probe", max_relaunches=None,
+                  remove_paths=[str(tmp_path / "cache")])
+    would = apply(tmp_path, check_mode=True, max_relaunches=None, remove_paths=[str(tmp_path / "cache")])
+    assert probe["changed"] is False and would["changed"] is True
+    for key in ("operation", "resumed", "rotated_log", "removed_paths", "relaunch_guard", "health", "backend",
+                "spec_hash", "msg", "running", "incident", "decision"):
+        assert probe[key] == would[key], key
+    assert probe["operation"] == "start" and probe["msg"].startswith("would start the job")
+    assert probe["rotated_log"] == str(tmp_path / "train.log.1") and probe["removed_paths"] == [str(tmp_path / "cache")]
+    assert probe["decision"] == {"action": "relaunch", "relaunch": True, "resume": True,
+                                 "why": f"the job is crashed: {probe['health']['reason']}"}
+    assert listing(job) == before and (tmp_path / "cache").is_dir() and not (tmp_path / "train.log.1").exists()
+    assert not (job / ".lock").exists()  # a probe that writes nothing never waits for the lock
+
+
+def test_a_probe_past_the_guard_decides_refused_and_does_not_fail(tmp_path, job) -> None:
+    crashed(job)
+    (job / "relaunches.json").write_text(json.dumps({"relaunches": [{"at": control.time.time() - 10, "run_id": "r0"}]}))
+    before = listing(job)
+    probe = apply(tmp_path, state="probe")
+    assert probe["changed"] is False and probe["msg"].startswith("would refuse: ")
+    assert probe["decision"]["action"] == "refused" and probe["decision"]["relaunch"] is False
+    assert probe["decision"]["why"] == probe["msg"][len("would refuse: "):]
+    assert "reset_guard=true / job_launch_reset_guard=true" in probe["decision"]["why"]
+    assert probe["incident"] is None and listing(job) == before  # no incident, no history: it only asks
+
+
+def test_a_finished_job_is_left_alone_unless_forced(tmp_path, job) -> None:
+    (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 0, "exit_signal": None, "ended_at": "t"}))
+    alone = apply(tmp_path, state="probe")
+    assert alone["decision"] == {"action": "none", "relaunch": False, "resume": False,
+                                 "why": "left alone: the job finished (exit code 0 at t); relaunch_force relaunches it"}
+    assert alone["operation"] == "start"  # what state=started would do: force changes the decision only
+    forced = apply(tmp_path, state="probe", force=True, resume="always")
+    assert forced["decision"] == {"action": "relaunch", "relaunch": True, "resume": True,
+                                  "why": "forced (relaunch_force), although the job finished (exit code 0 at t)"}
+    assert {key: value for key, value in forced.items() if key not in ("decision", "elapsed", "resumed")} == \
+        {key: value for key, value in alone.items() if key not in ("decision", "elapsed", "resumed")}
+
+
+def test_a_probe_that_could_not_start_fails_as_the_check_mode_probe_does(tmp_path, job) -> None:
+    crashed(job)
+    with pytest.raises(LaunchError, match="chdir") as caught:
+        apply(tmp_path, state="probe", max_relaunches=None, chdir=str(tmp_path / "nowhere"))
+    assert caught.value.result["changed"] is False
+    assert caught.value.result["option_problems"][0]["option"] == "chdir"
+
+
+@pytest.mark.parametrize("state", ["health", "stopped"])
+def test_health_decides_stopped_does_not(tmp_path, job, state) -> None:
+    crashed(job)
+    result = apply(tmp_path, check_mode=True, state=state, command=None)
+    assert ("decision" in result) is (state == "health")
+    if state == "health":
+        assert result["decision"]["action"] == "relaunch" and result["decision"]["resume"] is True
+
+
+def test_reset_guard_clears_the_history_and_the_refusal_with_it(tmp_path, job) -> None:
+    crashed(job)
+    history = {"relaunches": [{"at": control.time.time() - 10 - n, "run_id": f"r0{n}"} for n in range(3)]}
+    (job / "relaunches.json").write_text(json.dumps(history))
+    # Check mode: says it would clear 3 and would then start; clears nothing.
+    would = apply(tmp_path, check_mode=True, state="probe", reset_guard=True)
+    assert would["guard_cleared"] == 3 and would["changed"] is True
+    assert would["relaunch_guard"]["recent"] == 0 and would["decision"]["action"] == "relaunch"
+    assert json.loads((job / "relaunches.json").read_text()) == history
+    # For real: cleared through the records (0600, replaced atomically), under the job's lock.
+    done = apply(tmp_path, state="probe", reset_guard=True)
+    assert done["guard_cleared"] == 3 and done["changed"] is True and done["decision"]["action"] == "relaunch"
+    assert json.loads((job / "relaunches.json").read_text()) == {"relaunches": []}
+    assert (job / "relaunches.json").stat().st_mode & 0o777 == 0o600 and (job / ".lock").exists()
+    # Nothing left to clear: no change.
+    again = apply(tmp_path, check_mode=True, state="health", command=None, reset_guard=True)
+    assert again["guard_cleared"] == 0 and again["changed"] is False
+
+
+def test_reset_guard_never_writes_through_a_symlink(tmp_path, job) -> None:
+    crashed(job)
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps({"relaunches": [{"at": control.time.time() - 10, "run_id": "r0"}]}))
+    (job / "relaunches.json").symlink_to(target)
+    result = apply(tmp_path, state="probe", reset_guard=True)
+    assert result["guard_cleared"] == 0 and any("relaunches.json" in p for p in result["record_problems"])
+    assert json.loads(target.read_text())["relaunches"][0]["run_id"] == "r0"

@@ -1,0 +1,103 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The relaunch's policy: whether a job is relaunched, left alone or refused, and why.
+
+Pure: the verdict on the job (HealthReport), whether it runs with another spec, log path or backend,
+the crash-loop guard's report and ``force`` in, a :class:`Decision` out. This replaces the Jinja that
+``playbooks/relaunch.yml`` used to carry (section 8 of the design: decisions belong in Python), and
+keeps its wording, so that a summary reads as it did. Decide on ``action`` (or ``relaunch``), never
+on ``why``: the text is for people.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import RelaunchGuard
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
+
+
+class LaunchState(Enum):
+    """train_launch's ``state`` values: the module's choices and the words other plugins use."""
+
+    STARTED = "started"
+    RESTARTED = "restarted"
+    STOPPED = "stopped"
+    HEALTH = "health"
+    PROBE = "probe"
+
+
+STATE_WORDS = tuple(state.value for state in LaunchState)
+# The states that launch the job (a command and a log path are needed).
+START_STATES = (LaunchState.STARTED.value, LaunchState.RESTARTED.value)
+# The states that plan a start (a command and a log path are needed).
+PLANNING_STATES = START_STATES + (LaunchState.PROBE.value,)
+# The states that return a decision.
+DECIDING_STATES = (LaunchState.STARTED.value, LaunchState.RESTARTED.value, LaunchState.HEALTH.value,
+                   LaunchState.PROBE.value)
+
+
+class Action(Enum):
+    """What the relaunch does with the job."""
+
+    NONE = "none"            # left alone
+    RELAUNCH = "relaunch"    # stopped (if it runs) and started again
+    REFUSED = "refused"      # a relaunch is wanted, but the crash-loop guard refuses it
+
+
+ACTION_WORDS = tuple(action.value for action in Action)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the relaunch does, why (for people), and whether the start appends resume_args."""
+
+    action: Action
+    why: str
+    resume: bool = False
+
+    @property
+    def relaunch(self) -> bool:
+        return self.action is Action.RELAUNCH
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action.value, "relaunch": self.relaunch, "why": self.why, "resume": self.resume}
+
+
+def _finished(health: HealthReport) -> str:
+    return f"the job finished (exit code {health.exit.get('exit_code')} at {health.exit.get('ended_at')})"
+
+
+def _wanted(health: HealthReport, other_spec: bool, force: bool) -> tuple[bool, str]:
+    """Whether a relaunch is wanted, and why (the wording of playbooks/relaunch.yml)."""
+    if health.state.failed or health.state is Health.STOPPED:
+        return True, f"the job is {health.state.value}: {health.reason}"
+    if health.state is Health.FINISHED:
+        if force:
+            return True, f"forced (relaunch_force), although {_finished(health)}"
+        return False, f"left alone: {_finished(health)}; relaunch_force relaunches it"
+    if other_spec:
+        return True, "the job runs with another spec, log path or backend"
+    if force:
+        return True, f"forced (relaunch_force): it runs with this spec ({health.reason})"
+    return False, f"left alone: it runs with this spec ({health.reason})"
+
+
+def decide(health: HealthReport, other_spec: bool, guard: RelaunchGuard, guard_report: dict[str, Any],
+           force: bool, resume: bool) -> Decision:
+    """The decision on one job.
+
+    `other_spec`: the job runs with another spec, log path or backend than the task's (what
+    state=started would restart). `guard_report`: RelaunchGuard.report for a start now. `resume`: whether
+    a start now appends resume_args (the plan's); a decision that relaunches nothing never resumes.
+    """
+    wanted, why = _wanted(health, other_spec, force)
+    if not wanted:
+        return Decision(Action.NONE, why)
+    if guard_report.get("would_refuse"):
+        # The same text state=started fails with: the guard counts, the decision only reports.
+        return Decision(Action.REFUSED, guard.refusal(guard_report["recent"], health.state.value))
+    return Decision(Action.RELAUNCH, why, resume)

@@ -1,0 +1,294 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The executor: what changes the job - the incident record, the relaunch history, the stop, the
+rotation, the removal, the launch and its proof of start - in that order, and nothing else.
+
+It records what it did in `done` (keys of the task's result); the controller builds the result from
+the judgement, the plan and `done`. A step that fails raises ExecutionFailed, and `done` still says
+what happened up to there.
+"""
+
+from __future__ import annotations
+
+import grp
+import pwd
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import LOG_MODE, Backend, RecordedRunProbe, make_backend
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, history_entries, with_relaunch
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import STOP_FILE, HealthReport, iso
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident import (
+    INCIDENT_LOG_LINES,
+    existing_incident,
+    py_spy_dumps,
+    thread_evidence,
+    write_incident,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import Judgement
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import create_log, failed_log_name, rotate, set_aside, tail
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import Plan
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords, new_run_id
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import FAILED_START_FILE, LAUNCH_FILE, utc_now
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import StopOutcome, look
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
+
+# How long a stopped run may take to get its exit record.
+EXIT_RECORD_WAIT = 5.0
+# What the result says about the run that a (re)start replaced.
+PREVIOUS_RUN_KEYS = ("run_id", "pid", "pgid", "starttime", "started_at", "supervisor_pid", "unit",
+                     "exit_code", "exit_signal", "ended_at", "start_error")
+
+
+class ExecutionFailed(Exception):
+    """A step of the executor failed; its `done` says what happened before."""
+
+
+def run_fields(run: dict | None) -> dict[str, Any]:
+    """What the result says about a recorded run."""
+    if not run:
+        return {}
+    keys = ("run_id", "pid", "pgid", "starttime", "started_at", "spec_hash", "supervisor_pid", "unit")
+    return {key: run.get(key) for key in keys if key in run}
+
+
+def exit_fields(record: dict | None) -> dict[str, Any]:
+    """What the result says about how a run ended."""
+    if not record:
+        return {}
+    fields = {key: record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
+    if record.get("error"):
+        fields["start_error"] = record["error"]
+    return fields
+
+
+def remove_path(path: str) -> bool:
+    """Remove a file, link or directory tree (never following a link); False if it was not there.
+
+    Its directory is walked from / (a symlink another user can change is refused) and the removal
+    happens relative to it, by descriptors all the way down (see _base/safepath.py).
+    """
+    directory, name = safepath.split(path)
+    try:
+        parent = safepath.walk(directory)
+    except FileNotFoundError:
+        return False
+    with parent:
+        return safepath.remove_at(parent.fd, name)
+
+
+def failed_start_log(records: JobRecords, log_path: str | None) -> str | None:
+    """Where the log at log_path goes if it is the log of a start that was never proven."""
+    failed = records.read(FAILED_START_FILE)
+    launched = records.read(LAUNCH_FILE)
+    if (failed and launched and failed.get("run_id") == launched.get("run_id")
+            and failed.get("log_path") == log_path and safepath.lexists(log_path)):
+        return failed_log_name(log_path)
+    return None
+
+
+def reset_history(records: JobRecords, write: bool) -> int:
+    """reset_guard: how many relaunches the history holds; cleared (if `write`) through the records."""
+    entries = history_entries(records.read(HISTORY_FILE))
+    if entries and write:
+        records.write(HISTORY_FILE, {"relaunches": []})
+    return len(entries)
+
+
+@dataclass
+class Executor:
+    """Carries out one task's changes on the job judged `health`."""
+
+    options: LaunchOptions
+    records: JobRecords
+    health: HealthReport
+    python: str
+    proc_root: str
+    wall_clock: Callable[[], float]
+    gpu_evidence: Callable[[list[int]], dict] | None = None
+    # What was done, as keys of the task's result.
+    done: dict[str, Any] = field(default_factory=dict)
+    # The start replaced the recorded run: its fields are in done["previous"], no longer the result's own.
+    replaced: bool = False
+
+    # --- evidence --------------------------------------------------------------------------
+
+    def incident(self, run: dict, write: bool = True) -> None:
+        """The incident record of the failed run: one per run, written (if `write`) before any signal."""
+        identity = self.records.identity(run)
+        # A run id names the record's file: one that is not a run id (a record that lies) never does.
+        run_id = identity.run_id if identity is not None else "unsound-run-record"
+        job_dir = self.records.job_dir
+        existing = existing_incident(job_dir, run_id)
+        if existing is not None or not write:
+            self.done["incident"] = existing
+            return
+        members: list[int] = []
+        processes: list[dict] = []
+        if identity is not None:
+            view = look(identity, self.proc_root)
+            members = view.live
+            processes = thread_evidence(view.table, members)
+        now = self.wall_clock()
+        log_path = run.get("log_path")
+        record = {
+            "name": self.options.name,
+            "run_id": run_id,
+            "written_at": iso(now),
+            "health": self.health.as_dict(),
+            "log_path": log_path,
+            "log_tail": tail(log_path, INCIDENT_LOG_LINES),
+            "processes": processes,
+            "py_spy": py_spy_dumps(members) if members else {"skipped": "no live process of the run"},
+            "gpu": self.gpu_evidence(members) if self.gpu_evidence is not None else {"available": False},
+        }
+        try:
+            path, _removed = write_incident(job_dir, run_id, record, now, self.options.keep_logs)
+        except OSError as exc:
+            raise ExecutionFailed(f"cannot write the incident record in {job_dir}/incidents: {exc.strerror or exc}; "
+                                  "nothing was signalled") from None
+        self.done["incident"] = path
+
+    # --- stop ------------------------------------------------------------------------------
+
+    def stop(self, run: dict, recorded: Backend, found: str | None = None) -> StopOutcome:
+        """End the run's whole tree, and wait for its exit record; ExecutionFailed if some of it remains."""
+        # What was found before the stop, for the next task: a run stopped while stalled is still
+        # a stalled run to relaunch (with resume_args), one stopped while healthy is not.
+        self.records.write(STOP_FILE, {"run_id": run.get("run_id"), "requested_at": utc_now(),
+                                       "health": found or self.health.state.value})
+        outcome = recorded.stop(run, self.options)
+        record: dict | None = None
+
+        def recorded_exit() -> bool:
+            nonlocal record
+            record = self.records.read_exit(run.get("run_id"))
+            return record is not None
+
+        Deadline(EXIT_RECORD_WAIT).poll(recorded_exit)
+        self.done.update(exit_fields(record))
+        self.done["stop"] = {
+            "signalled": outcome.signalled,
+            # systemd escalates by itself: its record of a SIGKILL end says it had to.
+            "escalated": outcome.escalated or bool(record and record.get("exit_signal") == "SIGKILL"),
+            "unreapable_zombies": outcome.unreapable_zombies,
+            "ignored": outcome.ignored,
+        }
+        if not outcome.gone:
+            self.done["stop"]["remaining"] = outcome.remaining
+            protected = [entry for entry in outcome.remaining if "protected" in entry]
+            why = (f"; {len(protected)} of them may never be signalled (see stop.remaining[].protected)"
+                   if protected else "")
+            raise ExecutionFailed(
+                f"the job's processes did not end after SIGTERM, {self.options.term_timeout:g}s and "
+                f"SIGKILL: still there: {outcome.remaining}{why}")
+        return outcome
+
+    # --- start -----------------------------------------------------------------------------
+
+    def start(self, plan: Plan, judgement: Judgement) -> None:
+        """Count the relaunch, stop what runs, set the old log aside, remove remove_paths, launch, prove."""
+        status = judgement.status
+        if plan.relaunch:
+            # Counted before the stop and the start: a start that fails counts too.
+            now = judgement.now
+            self.records.write(HISTORY_FILE, with_relaunch(list(judgement.history), {
+                "at": now, "at_iso": iso(now), "run_id": self.health.run_id, "health": self.health.state.value,
+            }, now, self.options.relaunch_window))
+        if judgement.active:
+            self.stop(status.run, judgement.recorded)
+        elif status.exit is not None:
+            self.done.update(exit_fields(status.exit))
+        # The replaced run's fields (and how it ended) move under `previous`.
+        replaced = {**run_fields(status.run), **self.done}
+        previous = {key: replaced[key] for key in PREVIOUS_RUN_KEYS if key in replaced}
+        for key in PREVIOUS_RUN_KEYS:
+            self.done.pop(key, None)
+        self.replaced = True
+        if previous:
+            self.done["previous"] = previous
+        self.done["rotated_log"] = self._set_aside_log()
+        self.done["removed_paths"] = [path for path in self.options.remove_paths if remove_path(path)]
+        self.done["resumed"] = plan.resume
+        self._launch(plan)
+
+    def _launch(self, plan: Plan) -> None:
+        options = self.options
+        spec = options.spec
+        done = self.done
+        backend = make_backend(plan.backend, self.records, options.name, self.python)
+        run_id = new_run_id()
+        launch = {
+            "run_id": run_id,
+            # resume_args after a failure; the spec hash stays the job's own (see JobSpec.argv_with).
+            "argv": spec.argv_with(options.resume_args if plan.resume else ()),
+            "resumed": plan.resume,
+            "env": spec.job_environment(),
+            "chdir": spec.chdir,
+            "user": spec.user,
+            "group": spec.group,
+            "spec_hash": spec.spec_hash,
+            "log_path": options.log_path,
+        }
+        self.create_log(spec.user, spec.group)
+        done.update(backend=plan.backend, spec_hash=spec.spec_hash, run_id=run_id)
+        # Until proven, this run's log is a failed start's: the next start sets it aside instead
+        # of rotating it in, so failed starts never push out the log of the last run that worked.
+        self.records.write(FAILED_START_FILE, {"run_id": run_id, "log_path": options.log_path})
+        deadline = Deadline(options.startup_timeout)
+        try:
+            backend.start(options, launch)
+        except OSError as exc:
+            raise ExecutionFailed(f"cannot start the job: {exc}") from None
+        probe = RecordedRunProbe(self.records, backend, run_id)
+        readiness = wait_ready(probe, LogScanner(options.log_path, options.ready_regex), options.min_uptime, deadline)
+        run = probe.run or backend.run_record(run_id)
+        done.update(run_fields(run))
+        done["ready_line"] = readiness.ready_line
+        # Deprecated name, kept for playbooks that read it: the launch-to-proof part of `elapsed`.
+        done["ready_after"] = round(readiness.waited, 3)
+        if readiness.ready:
+            self.records.remove(FAILED_START_FILE)
+            done["running"] = True
+            done["msg"] = (f"{plan.operation.value}ed with backend {plan.backend}; proof of start holds"
+                           + (plan.why_relaunch(self.health.state) if plan.relaunch else ""))
+            done["log_tail"] = tail(options.log_path, options.log_tail_lines)
+            return
+        reason = readiness.reason
+        if run is None and readiness.exit is None:
+            reason = f"the backend did not report the job started within {options.startup_timeout:g}s"
+        done.update(exit_fields(readiness.exit))
+        if run is not None and backend.active(run):
+            self.stop(run, backend, Health.CRASHED.value)
+            done["stopped_after_failure"] = True
+        done["running"] = False
+        done["log_tail"] = tail(options.log_path, options.log_tail_lines)
+        raise ExecutionFailed(f"the start of job {options.name!r} was not proven: {reason}")
+
+    def _set_aside_log(self) -> str | None:
+        """Rotate the previous log, or set a failed start's log aside as LOG.failed (one kept)."""
+        failed_log = failed_start_log(self.records, self.options.log_path)
+        if failed_log is None:
+            return rotate(self.options.log_path, self.options.keep_logs)
+        set_aside(self.options.log_path, failed_log)
+        return failed_log
+
+    def create_log(self, user: str | None, group: str | None) -> None:
+        """Create (or append to) the log as a regular file of its own, and give it to the job's user.
+
+        Its directory is created if missing; never through a symlink, never a FIFO or a file with
+        other hard links: what is chowned is exactly what was just opened (see logs.create_log).
+        """
+        log_path = self.options.log_path
+        uid = pwd.getpwnam(user).pw_uid if user is not None else -1
+        gid = grp.getgrnam(group).gr_gid if group is not None else (
+            pwd.getpwnam(user).pw_gid if user is not None else -1)
+        try:
+            create_log(log_path, LOG_MODE, uid, gid)
+        except OSError as exc:
+            raise ExecutionFailed(f"log_path: cannot open {log_path} as a regular file of its own: "
+                                  f"{exc.strerror or exc} (a symlink, FIFO, device or hard link there is refused)") from None
