@@ -216,7 +216,8 @@ holders:
   description:
     - On timeout, every process still listed on a selected GPU. C(visible) false means its pid does
       not exist here (a host pid seen from a container, or a process whose teardown is stuck).
-    - C(kind) is V(running), V(zombie), V(zombie_leader), V(uninterruptible) or V(invisible);
+    - C(kind) is V(running), V(zombie), V(unreaped_orphan) (a zombie of its namespace's init),
+      V(zombie_leader), V(uninterruptible) or V(invisible), words of RV(findings);
       C(escalation) what would free it; C(description) says it in words. C(starttime) is given for
       a visible holder; C(host_pids_visible) for an invisible one (true when this is the host's PID
       namespace, so the listed process is gone and only the host helps; false in a container, where
@@ -275,13 +276,14 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a holder's kind (see RV(holders)), V(unlisted_memory) (memory used with no process
-      listed), V(pids_present), V(host_memory), V(gpu_condition) or V(released); C(escalation) what
-      clears it; C(pids) the processes concerned.
+    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
+      findings), here a holder's kind (see RV(holders)), V(unlisted_memory) (memory used with no
+      process listed), V(pids_present), V(host_memory), V(gpu_condition) or V(released); C(escalation)
+      what clears it; C(pids) the processes concerned.
   returned: always
   type: list
   elements: dict
-  sample: [{kind: zombie, escalation: container_reboot, pids: [51234], why: "pid 51234 (python3) is a zombie orphaned ..."}]
+  sample: [{kind: unreaped_orphan, escalation: container_reboot, pids: [51234], why: "pid 51234 (python3) is a zombie orphaned ..."}]
 option_problems:
   description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was queried.
   returned: when the options were refused
@@ -312,6 +314,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
+    BACKENDS,
     GpuQueryError,
     open_gpu_source,
 )
@@ -334,7 +337,7 @@ def main() -> None:
             "poll_interval": {"type": "float", "default": 0.5},
             "query_timeout": {"type": "float", "default": 30},
             "gpus_required": {"type": "bool", "default": True},
-            "backend": {"type": "str", "default": "auto", "choices": ["auto", "pynvml", "nvidia-smi"]},
+            "backend": {"type": "str", "default": "auto", "choices": list(BACKENDS)},
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "proc_root": {"type": "path", "default": "/proc"},
         },

@@ -316,10 +316,11 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running),
-      V(zombie), V(zombie_leader), V(uninterruptible), V(invisible), V(unlisted_memory),
-      V(gpu_condition)), V(permission_denied) or V(not_holding) (a listed pid, not signalled, that
-      holds no device file, so what holds the memory is not listed).
+    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
+      findings), here a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running),
+      V(zombie), V(unreaped_orphan), V(zombie_leader), V(uninterruptible), V(invisible),
+      V(unlisted_memory), V(gpu_condition)), V(permission_denied) or V(not_holding) (a listed pid, not
+      signalled, that holds no device file, so what holds the memory is not listed).
   returned: success
   type: list
   elements: dict
@@ -357,7 +358,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, open_gpu_source
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import BACKENDS, GpuQueryError, open_gpu_source
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
     DEFAULT_GPU_DEVICE_GLOB,
     DRIVER_PIDS,
@@ -383,7 +384,7 @@ def main() -> None:
             "driver_pids": {"type": "str", "default": "host", "choices": list(DRIVER_PIDS)},
             "gpu_device_glob": {"type": "str", "default": DEFAULT_GPU_DEVICE_GLOB},
             "gpus_required": {"type": "bool", "default": True},
-            "backend": {"type": "str", "default": "auto", "choices": ["auto", "pynvml", "nvidia-smi"]},
+            "backend": {"type": "str", "default": "auto", "choices": list(BACKENDS)},
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
         },
         supports_check_mode=True,

@@ -125,13 +125,16 @@ ansible_facts:
         findings:
           description:
             - The reasons with structured fields to decide on (never decide on the wording of C(why)).
-            - C(kind) is one of V(driver_sleep), C(unreaped_orphans), V(job_running), V(zombie_leaders),
-              V(zombies), V(uninterruptible), V(gpu_devices_open), V(nothing) or V(other_job) (processes
-              the selection named that belong to another job, left alone; escalation V(none)); C(escalation)
-              what clears it; C(pids) the processes concerned.
+            - C(kind) is a word of the collection's one finding vocabulary (the same words in every
+              module's findings), here V(running) (job processes still running), V(zombie) (zombies
+              waiting for their parent), V(zombie_leader), V(unreaped_orphan) (zombies PID 1 did not reap
+              within O(orphan_grace)), V(uninterruptible) (threads in C(D); escalation V(host_action) in the
+              GPU driver), V(holds_device), V(nothing) or V(other_job) (processes the selection named that
+              belong to another job, left alone; escalation V(none)); C(escalation) what clears it; C(pids)
+              the processes concerned.
           type: list
           elements: dict
-          sample: [{kind: job_running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]
+          sample: [{kind: running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]
         zombies:
           description:
             - Every zombie in the namespace. C(kind) is V(zombie_leader) when threads other than the

@@ -267,7 +267,7 @@ remaining:
   description:
     - What the ladder could not clear, with C(state) (C(D), V(running) or C(Z)), C(kind)
       (V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled), V(unreaped_orphan)
-      or V(unreaped_zombie)), the C(escalation) that would clear it and a C(reason). Entries for
+      or V(zombie), words of RV(findings)), the C(escalation) that would clear it and a C(reason). Entries for
       processes still running name the GPU device files they hold in C(devices).
   returned: always
   type: list
@@ -278,7 +278,7 @@ remaining:
 escalation:
   description:
     - What it takes to clear what is left, in the collection's one vocabulary, least force first
-      (see the README's verdict table): the worst of what the ladder could not clear and of
+      (see the README's verdict table); the worst of what the ladder could not clear and of
       RV(left.escalation).
     - V(none) (nothing left that needs more), V(signals) (signals would clear what is left, for
       example a process the job forked after the last round, or in check mode what was found),
@@ -295,7 +295,7 @@ found:
   returned: unless the options or the selection are refused
   type: dict
   sample: {escalation: signals, reasons: ["job processes still running: 4121, 4122"],
-           findings: [{kind: job_running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]}
+           findings: [{kind: running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]}
   contains:
     escalation:
       description: What it takes to clear what was found.
@@ -341,15 +341,17 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is one of V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
-      V(unreaped_orphans), V(unreaped_zombie), V(holds_device) or V(other_job) (processes of another job
-      the selection named, left alone; escalation V(none)); C(escalation) what clears it;
-      C(pids) the processes concerned.
-    - When RV(left) asks for more than the ladder does, its findings follow.
+    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
+      findings), here V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
+      V(unreaped_orphan), V(zombie), V(holds_device) or V(other_job) (processes of another job the
+      selection named, left alone; escalation V(none)); C(escalation) what clears it; C(pids) the
+      processes concerned.
+    - When RV(left) asks for more than the ladder does, its findings follow (with the words of
+      RV(gpuops.relaunch.zombie_facts#module:ansible_facts.zombie_facts.findings), so V(running), V(zombie_leader) and V(nothing) too).
   returned: always
   type: list
   elements: dict
-  sample: [{kind: unreaped_orphans, escalation: container_reboot, pids: [7, 9], why: "zombies 7, 9 are orphaned to PID 1 ..."}]
+  sample: [{kind: unreaped_orphan, escalation: container_reboot, pids: [7, 9], why: "zombies 7, 9 are orphaned to PID 1 ..."}]
 option_problems:
   description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was signalled.
   returned: when the options were refused

@@ -156,7 +156,7 @@ def test_stuck_teardown_under_a_never_reaping_init_times_out_naming_the_zombie(r
         result = run_wait({"timeout": 1.5, "poll_interval": 0.2, "no_processes": True}, gpu.env())
         assert result["failed"] is True and result["released"] is False
         [entry] = result["holders"]
-        assert entry["pid"] == holder["pid"] and entry["kind"] == "zombie" and entry["visible"] is True
+        assert entry["pid"] == holder["pid"] and entry["kind"] == "unreaped_orphan" and entry["visible"] is True
         assert entry["parent"]["pid"] == namespace.init_pid and entry["parent"]["is_namespace_init"] is True
         assert entry["used_mib"] == 16384
         assert result["escalation"] == "container_reboot" and result["needs_reboot"] is True

@@ -460,5 +460,5 @@ def test_a_zombie_holder_under_a_non_reaping_init_needs_a_container_restart(recy
     assert [e["reason"] for e in stuck["spared"]] == ["zombie"]
     assert stuck["escalation"] == "container_reboot"
     (holder,) = stuck["holders"]
-    assert holder["kind"] == "zombie" and holder["parent"]["pid"] == 1
-    assert stuck["findings"][0]["kind"] == "zombie" and stuck["findings"][0]["escalation"] == "container_reboot"
+    assert holder["kind"] == "unreaped_orphan" and holder["parent"]["pid"] == 1
+    assert stuck["findings"][0]["kind"] == "unreaped_orphan" and stuck["findings"][0]["escalation"] == "container_reboot"

@@ -128,7 +128,7 @@ def test_a_stale_zombie_whose_parent_must_be_ended_is_found_then_gone():
     zombie, parent = report["subject"]["zombie"], report["subject"]["parent"]
     # found: the plan's own scan, judged as zombie_facts judges it.
     assert report["found"]["escalation"] == "signals"
-    assert kinds(report["found"]).get("zombies") == [zombie], report["found"]
+    assert kinds(report["found"]).get("zombie") == [zombie], report["found"]
     assert {(a["stage"], a["pid"]) for a in report["actions"]} >= {("notify_parent", parent), ("end_parent", parent)}
     # left: one fresh scan after the ladder; PID 1 took the zombie once its parent was ended.
     assert report["zombie_state"] is None
@@ -140,11 +140,11 @@ def test_a_stale_zombie_whose_parent_must_be_ended_is_found_then_gone():
 def test_a_process_that_survives_the_ladder_is_left_and_decides_the_escalation():
     report = run_scenario("forks_forever")
     assert report["found"]["escalation"] == "signals"
-    assert kinds(report["found"])["job_running"] == [report["subject"]["first"]]
+    assert kinds(report["found"])["running"] == [report["subject"]["first"]]
     assert report["rounds"] == 3
     (survivor,) = report["survivors"]
     assert report["left"]["escalation"] == "signals"
-    assert kinds(report["left"])["job_running"] == [survivor]
+    assert kinds(report["left"])["running"] == [survivor]
     # The ladder did what it could in three rounds; what it did not see, the look after it did.
     assert report["escalation"] == "signals"
     assert any(str(survivor) in why for why in report["reasons"])

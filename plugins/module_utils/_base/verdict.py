@@ -11,6 +11,10 @@ Every module and role of the collection answers in these words (``escalation`` i
 
 A decision is taken on these values and on the structured fields of a :class:`Finding` (its
 ``kind``, its pids), never on the wording of a message: ``why`` is for people.
+
+Every family names what it found in the one vocabulary of :class:`FindingKind`: one word per kind
+of thing, singular (a finding is about one kind of thing, however many pids it names), the same
+word whichever module found it; the escalation says what clears it there.
 """
 
 from __future__ import annotations
@@ -43,14 +47,51 @@ def worst(levels: Iterable[Escalation]) -> Escalation:
     return max(levels, key=lambda level: level.rank, default=Escalation.NONE)
 
 
+class FindingKind(Enum):
+    """What a finding is about: the one vocabulary of ``findings[].kind`` in every module's result."""
+
+    NOTHING = "nothing"                      # nothing of the job and nothing blocking a relaunch
+    RUNNING = "running"                      # a process (of the job, or holding a GPU) still runs
+    ZOMBIE = "zombie"                        # a zombie its parent has not reaped (yet)
+    ZOMBIE_LEADER = "zombie_leader"          # a zombie whose other threads still run (Zl)
+    UNREAPED_ORPHAN = "unreaped_orphan"      # a zombie orphaned to an init that does not reap it
+    UNINTERRUPTIBLE = "uninterruptible"      # a thread in D (in the GPU driver: host_action)
+    SURVIVED_KILL = "survived_kill"          # still running after SIGKILL
+    PERMISSION_DENIED = "permission_denied"  # could not be signalled
+    NOT_SIGNALLED = "not_signalled"          # still running; no step of the plan reached it
+    HOLDS_DEVICE = "holds_device"            # holds a GPU device file open
+    OTHER_JOB = "other_job"                  # another train_launch job's, left alone
+    RELEASED = "released"                    # the GPUs are released
+    INVISIBLE = "invisible"                  # a GPU holder whose pid this namespace cannot see
+    UNLISTED_MEMORY = "unlisted_memory"      # GPU memory used with no process listed
+    GPU_CONDITION = "gpu_condition"          # a GPU's release condition not met yet
+    PIDS_PRESENT = "pids_present"            # pids waited for are still there
+    HOST_MEMORY = "host_memory"              # host memory not back yet
+    NOT_HOLDING = "not_holding"              # listed on a GPU but holds no device file, so not signalled
+
+
+# The words, for documentation and tests (every module's RETURN lists these).
+FINDING_KINDS = tuple(kind.value for kind in FindingKind)
+
+
 @dataclass(frozen=True)
 class Finding:
-    """One thing found, what it takes to clear it, and why, for people."""
+    """One thing found, what it takes to clear it, and why, for people.
 
-    kind: str
+    `kind` is a :class:`FindingKind` or its word; any other word is a programming error (ValueError).
+    """
+
+    kind: FindingKind | str  # stored as its word
     escalation: Escalation
     why: str
     pids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            word = FindingKind(self.kind).value
+        except ValueError:
+            raise ValueError(f"{self.kind!r} is not a finding kind (one of {', '.join(FINDING_KINDS)})") from None
+        object.__setattr__(self, "kind", word)
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "escalation": self.escalation.value, "pids": list(self.pids), "why": self.why}
@@ -62,7 +103,8 @@ class Verdict:
 
     findings: list[Finding] = field(default_factory=list)
 
-    def add(self, kind: str, escalation: Escalation, why: str, pids: Iterable[int] = ()) -> None:
+    def add(self, kind: FindingKind | str, escalation: Escalation, why: str, pids: Iterable[int] = ()) -> None:
+        """One more finding; an unknown `kind` raises ValueError (see :class:`Finding`)."""
         self.findings.append(Finding(kind, escalation, why, tuple(sorted(pids))))
 
     def extend(self, other: "Verdict") -> None:

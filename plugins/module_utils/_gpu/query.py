@@ -481,6 +481,10 @@ class NvidiaSmiSession:
         return text
 
 
+# The words of the modules' `backend` option (their argument specs take their choices from here).
+BACKENDS = ("auto", "pynvml", "nvidia-smi")
+
+
 def open_gpu_source(backend: str, nvidia_smi: str, query_timeout: float) -> GpuSource:
     """The first source that works: NVML bindings, else nvidia-smi (for backend=auto).
 

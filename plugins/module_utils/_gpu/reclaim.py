@@ -74,7 +74,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     Proof,
     SignalGate,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuQueryError, GpuSource
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
     ReleaseCondition,
@@ -512,14 +512,14 @@ def reclaim(
     result.judgement.extend(result.release.judgement)
     for entry in result.plan.spared:
         if entry["reason"] == DENIED_REASON:
-            result.judgement.add("permission_denied", Escalation.HOST_ACTION,
+            result.judgement.add(FindingKind.PERMISSION_DENIED, Escalation.HOST_ACTION,
                                  f"pid {entry['pid']} ({entry['comm']}) holds GPU {entry['gpus']} and could not be signalled: "
                                  f"permission denied", [entry["pid"]])
     still_listed = {holder["pid"] for holder in result.release.holders}
     for entry in result.not_holding:
         if entry["pid"] in still_listed:
             # Signals still free it, but of whatever holds the device files, which the driver does not list.
-            result.judgement.add(NOT_HOLDING, Escalation.SIGNALS,
+            result.judgement.add(FindingKind.NOT_HOLDING, Escalation.SIGNALS,
                                  f"pid {entry['pid']} ({entry['comm'] or '?'}) is listed on GPU {entry['gpus']} but holds no "
                                  f"file matching {options.gpu_device_glob!r}, so it was not signalled: the memory is held "
                                  f"by processes the driver does not list (zombie_facts' gpu_holders names who holds the "

@@ -44,7 +44,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     read_small,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Finding, Judged, Verdict
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Finding, FindingKind, Judged, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     Identity,
     ProcessControl,
@@ -329,7 +329,7 @@ def wait_for_release(
     outcome.host_available_after = host_available_bytes(proc_root)
     outcome.pids_remaining = [{"pid": p.pid, "comm": p.comm, "state": p.state} for p in watch.remaining()]
     if outcome.released:
-        outcome.judgement.add("released", Escalation.NONE, "released")
+        outcome.judgement.add(FindingKind.RELEASED, Escalation.NONE, "released")
         return outcome
     table = ProcessTable.scan(proc_root)
     visible = sees_host_pids(proc_root) if host_pids_visible is None else host_pids_visible
@@ -344,14 +344,14 @@ def _waiting_on_host(watch: PidWatch, condition: ReleaseCondition, proc_root: st
     remaining = watch.remaining()
     if remaining:
         waiting.append(Finding(
-            "pids_present", Escalation.SIGNALS,
+            FindingKind.PIDS_PRESENT, Escalation.SIGNALS,
             "pids still present: " + ", ".join(f"{p.pid} ({p.comm}, state {p.state})" for p in remaining),
             tuple(p.pid for p in remaining),
         ))
     available = host_available_bytes(proc_root) if condition.min_host_available_gib is not None else None
     if available is not None and available < condition.min_host_available_gib * GIB:
         waiting.append(Finding(
-            "host_memory", Escalation.SIGNALS,
+            FindingKind.HOST_MEMORY, Escalation.SIGNALS,
             f"host MemAvailable {available / GIB:.1f} GiB, less than {condition.min_host_available_gib:g} GiB",
         ))
     return waiting
@@ -373,7 +373,7 @@ def describe_holders(devices: list[GpuDevice], table: ProcessTable, host_pids_vi
                 # Listed but not in this table. Seen from the host's own namespace the process is
                 # gone and only the host (GPU reset, reboot) clears it; from a container it may be
                 # this container's own, stuck in teardown, which a restart of the container clears.
-                entry.update(visible=False, kind="invisible", host_pids_visible=host_pids_visible,
+                entry.update(visible=False, kind=FindingKind.INVISIBLE.value, host_pids_visible=host_pids_visible,
                              description=_invisible(gpu_process.pid, host_pids_visible),
                              escalation=(Escalation.HOST_ACTION if host_pids_visible
                                          else Escalation.CONTAINER_REBOOT).value)
@@ -412,18 +412,19 @@ def _process_state(table: ProcessTable, process: Process) -> dict[str, Any]:
     entry["escalation"] = Escalation.SIGNALS.value
     if blocked:
         where = ", ".join(f"thread {t.tid} in {t.wchan or '?'}" for t in blocked)
-        entry["kind"] = "uninterruptible"
+        entry["kind"] = FindingKind.UNINTERRUPTIBLE.value
         entry["description"] = f"{name} is in uninterruptible sleep ({where}): a kill takes effect only when it wakes"
         if any(t["in_gpu_driver"] for t in entry["uninterruptible"]):
             entry["escalation"] = Escalation.HOST_ACTION.value
     elif process.is_zombie and live:
-        entry["kind"] = "zombie_leader"
+        entry["kind"] = FindingKind.ZOMBIE_LEADER.value
         tids = ", ".join(str(t.tid) for t in live)
         entry["description"] = (f"{name} is a zombie leader whose threads {tids} still run and hold its GPU "
                                 f"context: SIGKILL to {process.pid} ends them")
     elif process.is_zombie:
-        entry["kind"] = "zombie"
+        entry["kind"] = FindingKind.ZOMBIE.value
         if parent_is_init:
+            entry["kind"] = FindingKind.UNREAPED_ORPHAN.value
             entry["escalation"] = Escalation.CONTAINER_REBOOT.value
             entry["description"] = (f"{name} is a zombie orphaned to its namespace's init (pid {process.ppid}, "
                                     f"{entry['parent']['comm'] or '?'}), which has not reaped it: its GPU memory is "
@@ -432,7 +433,7 @@ def _process_state(table: ProcessTable, process: Process) -> dict[str, Any]:
             entry["description"] = (f"{name} is a zombie its parent {process.ppid} ({entry['parent']['comm'] or '?'}) "
                                     f"has not reaped: ending or signalling the parent reaps it")
     else:
-        entry["kind"] = "running"
+        entry["kind"] = FindingKind.RUNNING.value
         entry["description"] = f"{name} is alive (state {process.state})"
     return entry
 
@@ -463,12 +464,12 @@ def judge(
     listed = {d.index for d in devices if d.processes}
     for device in devices:
         if _memory_unmet(device, condition) and device.index not in listed:
-            found.add("unlisted_memory", Escalation.SIGNALS,
+            found.add(FindingKind.UNLISTED_MEMORY, Escalation.SIGNALS,
                       f"GPU {device.index}: {device.used_mib:g} MiB used with no process listed: the driver "
                       f"is still tearing down a context, or it is stuck doing so (then only the host can help)")
     found.findings.extend(waiting)
     if not found.findings:
         for device in devices:
             for reason in unmet_on_device(device, condition):
-                found.add("gpu_condition", Escalation.SIGNALS, reason)
+                found.add(FindingKind.GPU_CONDITION, Escalation.SIGNALS, reason)
     return found

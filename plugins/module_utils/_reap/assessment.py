@@ -34,7 +34,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     Process,
     ProcessTable,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Judged, Verdict
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Judged, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     Identity,
     ProcessControl,
@@ -242,7 +242,7 @@ def _zombie_entry(table: ProcessTable, zombie: Process, job: set[int]) -> dict[s
         "comm": zombie.comm,
         "threads": zombie.threads,
         "live_threads": live,
-        "kind": "zombie_leader" if live else "zombie",
+        "kind": (FindingKind.ZOMBIE_LEADER if live else FindingKind.ZOMBIE).value,
         "job": zombie.pid in job,
         "parent": {
             "pid": zombie.ppid,
@@ -326,7 +326,7 @@ def _decide(
     stuck_in_driver = [u for u in result.uninterruptible if options.driver_wchan.search(u["wchan"] or "")]
     for item in stuck_in_driver:
         found.add(
-            "driver_sleep", Escalation.HOST_ACTION,
+            FindingKind.UNINTERRUPTIBLE, Escalation.HOST_ACTION,
             f"pid {item['pid']} thread {item['tid']} ({item['comm']}) is in uninterruptible sleep in the "
             f"GPU driver (wchan {item['wchan']}): no signal reaches it, the host must act",
             [item["pid"]],
@@ -336,7 +336,7 @@ def _decide(
         init = table.processes.get(NAMESPACE_INIT_PID)
         init_name = init.comm if init else "?"
         found.add(
-            "unreaped_orphans", Escalation.CONTAINER_REBOOT,
+            FindingKind.UNREAPED_ORPHAN, Escalation.CONTAINER_REBOOT,
             f"zombies {format_pids(unreaped)} are orphaned to PID 1 ({init_name}), which did not reap them within "
             f"{options.orphan_grace:g}s: only a restart of this container clears them",
             unreaped,
@@ -344,24 +344,24 @@ def _decide(
 
     live_job = sorted(pid for pid in job if not table.processes[pid].is_zombie)
     if live_job:
-        found.add("job_running", Escalation.SIGNALS, f"job processes still running: {format_pids(live_job)}", live_job)
+        found.add(FindingKind.RUNNING, Escalation.SIGNALS, f"job processes still running: {format_pids(live_job)}", live_job)
     leaders = sorted(pid for pid in blocking if table.processes[pid].live_threads)
     if leaders:
-        found.add("zombie_leaders", Escalation.SIGNALS,
+        found.add(FindingKind.ZOMBIE_LEADER, Escalation.SIGNALS,
                   f"zombie leaders with live threads (SIGKILL ends the threads): {format_pids(leaders)}", leaders)
     plain = sorted(pid for pid in blocking if pid not in unreaped and not table.processes[pid].live_threads)
     if plain:
-        found.add("zombies", Escalation.SIGNALS, f"zombies waiting for their parent to reap them: {format_pids(plain)}", plain)
+        found.add(FindingKind.ZOMBIE, Escalation.SIGNALS, f"zombies waiting for their parent to reap them: {format_pids(plain)}", plain)
     # Elsewhere a D thread is usually brief I/O; it matters only where it keeps the job alive.
     concerned = job | set(blocking) | {h.pid for h in holders}
     other_d = [u for u in result.uninterruptible if u not in stuck_in_driver and u["pid"] in concerned]
     if other_d:
         threads = ", ".join(f"{u['pid']}/{u['tid']} ({u['wchan'] or '?'})" for u in other_d)
-        found.add("uninterruptible", Escalation.SIGNALS,
+        found.add(FindingKind.UNINTERRUPTIBLE, Escalation.SIGNALS,
                   f"threads in uninterruptible sleep outside the GPU driver (a pending kill fires when they wake): {threads}",
                   {u["pid"] for u in other_d})
     job_holders = sorted({h.pid for h in holders if h.pid in job or h.pid in blocking})
     if job_holders:
-        found.add("gpu_devices_open", Escalation.SIGNALS, f"GPU devices still open by {format_pids(job_holders)}", job_holders)
+        found.add(FindingKind.HOLDS_DEVICE, Escalation.SIGNALS, f"GPU devices still open by {format_pids(job_holders)}", job_holders)
     if not found.findings:
-        found.add("nothing", Escalation.NONE, "nothing of the job and nothing blocking a relaunch")
+        found.add(FindingKind.NOTHING, Escalation.NONE, "nothing of the job and nothing blocking a relaunch")

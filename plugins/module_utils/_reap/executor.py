@@ -59,7 +59,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment i
     assess_table,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs, own_job_dir
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict, worst
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict, worst
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     DENIED,
     REFUSED,
@@ -280,22 +280,22 @@ class Executor:
         if orphans:
             init = self.control.look(NAMESPACE_INIT_PID)
             outcome.judgement.add(
-                "unreaped_orphans", Escalation.CONTAINER_REBOOT,
+                FindingKind.UNREAPED_ORPHAN, Escalation.CONTAINER_REBOOT,
                 f"zombies {format_pids(o.pid for o in orphans)} are orphaned to PID 1 ({init.comm if init else '?'}) or to a "
                 f"parent outside this namespace, and were not reaped within {self.options.reap_timeout:g}s: "
                 f"only a restart of the container clears them",
                 [o.pid for o in orphans],
             )
 
-    def _remaining(self, identity: Identity, state: str, kind: str, escalation: Escalation, reason: str,
+    def _remaining(self, identity: Identity, state: str, kind: FindingKind, escalation: Escalation, reason: str,
                    why: str | None = None) -> None:
         """A process that stayed: in `remaining`, and (except unreaped orphans, named together) a
         finding, whose text is `why` or else `reason`."""
         self.outcome.remaining.append({
             "pid": identity.pid, "starttime": identity.starttime, "comm": identity.comm, "state": state,
-            "kind": kind, "escalation": escalation.value, "reason": reason,
+            "kind": kind.value, "escalation": escalation.value, "reason": reason,
         })
-        if kind != "unreaped_orphan":
+        if kind != FindingKind.UNREAPED_ORPHAN:
             self.outcome.judgement.add(kind, escalation, why or reason, [identity.pid])
 
     def _explain_running(self, identity: Identity) -> None:
@@ -309,22 +309,22 @@ class Executor:
                     f"(wchan {thread.wchan or '?'}) {self.options.d_state_timeout:g}s after SIGKILL: no signal "
                     f"reaches it until it wakes; the host must act"
                 )
-                self._remaining(identity, "D", "uninterruptible", Escalation.HOST_ACTION, reason)
+                self._remaining(identity, "D", FindingKind.UNINTERRUPTIBLE, Escalation.HOST_ACTION, reason)
             return
         if DENIED in results.values():
             reason = f"pid {identity.pid} ({identity.comm}) could not be signalled: permission denied"
-            self._remaining(identity, "running", "permission_denied", Escalation.HOST_ACTION, reason)
+            self._remaining(identity, "running", FindingKind.PERMISSION_DENIED, Escalation.HOST_ACTION, reason)
             return
         if results.get(KILL) == SENT or results.get(KILL_LEADER) == SENT or results.get(END_PARENT_KILL) == SENT:
             reason = (
                 f"pid {identity.pid} ({identity.comm}) still runs {self.options.kill_timeout:g}s after SIGKILL; "
                 f"the host must act"
             )
-            self._remaining(identity, "running", "survived_kill", Escalation.HOST_ACTION, reason)
+            self._remaining(identity, "running", FindingKind.SURVIVED_KILL, Escalation.HOST_ACTION, reason)
             return
         if identity.key in {i.key for i in self.plan.job}:
             reason = f"pid {identity.pid} ({identity.comm}) is still running: it was not signalled ({', '.join(sorted(set(results.values()))) or 'no step'})"
-            self._remaining(identity, "running", "not_signalled", Escalation.NONE, reason)
+            self._remaining(identity, "running", FindingKind.NOT_SIGNALLED, Escalation.NONE, reason)
 
     def _explain_zombie(self, identity: Identity) -> bool:
         """Report a job zombie that stayed; True when only a container restart clears it."""
@@ -332,7 +332,7 @@ class Executor:
         ppid = process.ppid if process is not None else 0
         if ppid in (0, NAMESPACE_INIT_PID):
             reaper = "PID 1" if ppid else "a parent outside this namespace"
-            self._remaining(identity, "Z", "unreaped_orphan", Escalation.CONTAINER_REBOOT,
+            self._remaining(identity, "Z", FindingKind.UNREAPED_ORPHAN, Escalation.CONTAINER_REBOOT,
                             f"orphaned to {reaper}, not reaped within {self.options.reap_timeout:g}s")
             return True
         parent = self.control.look(ppid)
@@ -351,7 +351,7 @@ class Executor:
                 f"zombie of its parent {parent_name}, which did not reap it within {self.options.reap_timeout:g}s of "
                 f"SIGCHLD; it holds only its pid (reap_parents: true would end that parent)"
             )
-        self._remaining(identity, "Z", "unreaped_zombie", Escalation.NONE, reason, f"pid {identity.pid}: {reason}")
+        self._remaining(identity, "Z", FindingKind.ZOMBIE, Escalation.NONE, reason, f"pid {identity.pid}: {reason}")
         return False
 
 
@@ -385,7 +385,7 @@ class ReapResult:
         check mode, or with nothing to execute, that is what was found)."""
         judgement = Verdict(list(self._ladder.findings))
         for job_dir, pids in _by_job(self.other_jobs).items():
-            judgement.add("other_job", Escalation.NONE,
+            judgement.add(FindingKind.OTHER_JOB, Escalation.NONE,
                           f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
                           f"(name that job with job_name to select its processes)", pids)
         if self.left.escalation.rank > self._ladder.escalation.rank:
@@ -584,7 +584,7 @@ def _name_held_devices(outcome: Outcome, table: ProcessTable, left: Assessment) 
         same = Identity(entry["pid"], entry["starttime"]).matches(table.processes.get(entry["pid"]))
         entry["devices"] = sorted({h["device"] for h in left.gpu_holders if same and h["pid"] == entry["pid"]})
         if entry["devices"]:
-            outcome.judgement.add("holds_device", Escalation.NONE,
+            outcome.judgement.add(FindingKind.HOLDS_DEVICE, Escalation.NONE,
                                   f"pid {entry['pid']} ({entry['comm']}) still holds {', '.join(entry['devices'])}", [entry["pid"]])
 
 

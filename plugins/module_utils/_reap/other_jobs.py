@@ -36,7 +36,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, ProcessControl, format_pids
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Verdict
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import IDLE_FILE, RUN_MARK, SUPERVISOR_MARK
@@ -146,7 +146,7 @@ class OtherJobs:
         for pid, claim in self.claimed.items():
             by_job.setdefault(claim.job_dir, []).append(pid)
         for job_dir, pids in sorted(by_job.items()):
-            verdict.add("other_job", Escalation.NONE,
+            verdict.add(FindingKind.OTHER_JOB, Escalation.NONE,
                         f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
                         f"(name that job with job_name to select its processes)", pids)
 

@@ -64,6 +64,9 @@ def test_zombie_reap_plans_from_the_snapshot_it_judged(host, scans, monkeypatch,
     result = run_module(zombie_reap, monkeypatch, capsys, match=[r"/w/run/train_\d\.py"], proc_root=host, _ansible_check_mode=True)
     assert "failed" not in result, result
     assert {entry["pid"] for entry in result["job"]} == {10, 11}
+    # found judges the plan's own scan; in check mode left is found: no second scan.
+    assert result["found"]["escalation"] == "signals" and result["left"] == result["found"]
+    assert result["found"]["findings"][0]["kind"] == "running" and result["escalation"] == "signals"
     assert scans == [host]
     refused = run_module(zombie_reap, monkeypatch, capsys, match=["train"], proc_root=host, _ansible_check_mode=True)
     assert refused["failed"] and refused["refused"] == [

@@ -153,7 +153,7 @@ def test_zombie_orphaned_to_init_needs_a_reboot(proc):
     proc.add(40, "python3", state="Z", ppid=1)
     proc.add_thread(40, 40, "python3", state="Z")
     [holder] = holders_in(proc, (40,))
-    assert holder["kind"] == "zombie" and holder["parent"] == {"pid": 1, "comm": "sleep", "is_namespace_init": True}
+    assert holder["kind"] == "unreaped_orphan" and holder["parent"] == {"pid": 1, "comm": "sleep", "is_namespace_init": True}
     assert "only a restart of that container" in holder["description"]
     assert judge([device(0, 30000, pids=(40,))], [holder], ReleaseCondition(), []).escalation == Escalation.CONTAINER_REBOOT
 
