@@ -306,7 +306,9 @@ found:
       type: list
       elements: str
     findings:
-      description: The findings, with the fields of RV(findings); their C(kind) as in RV(gpuops.relaunch.zombie_facts#module:ansible_facts.zombie_facts.findings).
+      description:
+        - The findings, with the fields of RV(findings); their C(kind) as in
+          RV(gpuops.relaunch.zombie_facts#module:ansible_facts.zombie_facts.findings).
       type: list
       elements: dict
 left:
