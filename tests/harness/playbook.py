@@ -28,6 +28,13 @@ class PlaybookRun:
     stdout: str
     stderr: str
     tasks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # The play recap per host: ok (changed included), changed, skipped, failures, ...
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def tasks_run(self, host: str) -> int:
+        """How many tasks ran on `host` (ok, which counts changed, skipped and failed): the cost of a run."""
+        counts = self.stats.get(host, {})
+        return counts.get("ok", 0) + counts.get("skipped", 0) + counts.get("failures", 0)
 
     def result(self, task_name: str, host: str | None = None) -> dict[str, Any]:
         """The result of the named task (on `host`, or the only host that ran it)."""
@@ -88,9 +95,13 @@ def run_playbook(
         report = json.loads(proc.stdout)
     except ValueError:
         return run
+    run.stats = report.get("stats", {})
     for play in report.get("plays", []):
         for task in play.get("tasks", []):
             name = task["task"]["name"]
+            # A role's task is "ROLE : NAME"; it is found by NAME too.
+            names = {name, name.split(" : ", 1)[-1]}
             for host, result in task.get("hosts", {}).items():
-                run.tasks.setdefault(name, []).append(dict(result, _host=host))
+                for key in names:
+                    run.tasks.setdefault(key, []).append(dict(result, _host=host))
     return run

@@ -14,16 +14,15 @@ from typing import Any, Callable, Protocol
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import DEFAULT_PATH, LaunchOptions
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import (
     IDLE_FILE,
     RUN_MARK,
     SUPERVISOR_MARK,
-    install_supervisor,
     process_starttime,
     run_mark,
-    spawn_detached,
     utc_now,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import install_supervisor, spawn_detached
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
     KILL_WAIT,
     StopOutcome,

@@ -31,7 +31,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords, new_run_id
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import FAILED_START_FILE, LAUNCH_FILE, utc_now
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import FAILED_START_FILE, LAUNCH_FILE, utc_now
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import StopOutcome, look
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline

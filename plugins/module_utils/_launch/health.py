@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import describe_exit
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import open_regular
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import open_regular
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 

@@ -23,7 +23,7 @@ import subprocess
 import time
 from typing import Any, Callable, Iterable
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import write_json_atomic
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import write_json_atomic
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line, escape_controls

@@ -29,7 +29,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import (
     EXIT_FILE,
     LAUNCH_FILE,
     RUN_FILE,

@@ -39,16 +39,15 @@ after our checks, through whatever symlink the job's user put there meanwhile.
 ``python3 supervisor.py record-exit JOB_DIR RUN_ID`` writes ``exit.json`` from systemd's
 ``$EXIT_CODE``/``$EXIT_STATUS``/``$SERVICE_RESULT``; the systemd backend runs it as ``ExecStopPost``.
 
-Every file is reached through ``_base/safepath.py`` (a copy of which lies next to the private copy
-of this program): paths are walked from /, never through a symlink another user can change.
+The records' names and the helpers that read and write them are in ``jobfiles.py``, shared with the
+module. Every file is reached through ``_base/safepath.py`` (copies of both lie next to the private
+copy of this program): paths are walked from /, never through a symlink another user can change.
 """
 
 from __future__ import annotations
 
 import ctypes
-import datetime
 import grp
-import json
 import os
 import pwd
 import signal
@@ -57,101 +56,37 @@ import sys
 
 if __name__ == "__main__":
     # The private copy, run as a program (with -I, which keeps its own directory off sys.path): the
-    # copy of safepath.py lies next to it, in the job's directory that only root may write.
+    # copies of safepath.py and jobfiles.py lie next to it, in the job's directory that only root may write.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import safepath  # pylint: disable=import-error
+    import jobfiles  # pylint: disable=import-error
 else:
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import jobfiles
 
 PR_SET_CHILD_SUBREAPER = 36
-LAUNCH_FILE = "launch.json"
-RUN_FILE = "run.json"
-EXIT_FILE = "exit.json"
-SUPERVISOR_FILE = "supervisor.py"
-SAFEPATH_FILE = "safepath.py"
-IDLE_FILE = "idle.json"
-FAILED_START_FILE = "failed_start.json"
-STATE_FILE_MODE = 0o600
-RUN_MARK = "GPUOPS_RELAUNCH_RUN"
-SUPERVISOR_MARK = "GPUOPS_RELAUNCH_SUPERVISOR"
-RECORD_READ_LIMIT = 1024 * 1024
-
-
-def run_mark(job_dir: str, run_id: str) -> str:
-    """The value of RUN_MARK that the processes of one run carry."""
-    return "%s:%s" % (job_dir, run_id)
-
-
-# One implementation for the module and the supervisor program alike (see _base/safepath.py).
-NotRegularFile = safepath.NotRegularFile
-open_regular = safepath.open_regular
-
-
-def utc_now() -> str:
-    """Now, as an ISO 8601 UTC timestamp with microseconds."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
-
-
-def write_json_atomic(path: str, data: dict) -> None:
-    """Write `data` as JSON to `path` so a reader sees the old file or the new one, never a part."""
-    safepath.write_atomic(path, json.dumps(data, sort_keys=True).encode("utf-8"), STATE_FILE_MODE)
-
-
-def _refuse_constant(name: str) -> None:
-    # Python's json reads NaN and Infinity, which no record of ours holds: every comparison with NaN
-    # is false and an infinite time never passes (a guard that never reopens, a stall never seen).
-    raise ValueError("holds %s, which is not a number a record can hold" % name)
-
-
-def load_json(path: str) -> dict | None:
-    """The JSON object in `path`; None if there is no such file; ValueError if it is anything else
-    (not a regular file, a symlink, too large, not JSON, not an object)."""
-    try:
-        fd = open_regular(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ValueError("cannot be read safely: %s" % (exc.strerror or exc)) from None
-    with os.fdopen(fd, "rb") as handle:
-        raw = handle.read(RECORD_READ_LIMIT + 1)
-    if len(raw) > RECORD_READ_LIMIT:
-        raise ValueError("is larger than %d bytes" % RECORD_READ_LIMIT)
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except ValueError as exc:
-        raise ValueError("is not valid JSON (%s)" % exc) from None
-    if not isinstance(data, dict):
-        raise ValueError("does not hold a JSON object")
-    return data
-
-
-def read_json(path: str) -> dict | None:
-    """The JSON object in `path`, or None if it is missing or not a sound record."""
-    try:
-        return load_json(path)
-    except ValueError:
-        return None
-
-
-# Its own copy of the (pid, starttime) identity check of _base/signal_gate: the supervisor must stay standard-library only and run alone.
-def _stat(pid: int, proc_root: str = "/proc") -> tuple[int, int, int] | None:
-    """(ppid, pgid, starttime) from /proc/PID/stat, parsed after the last ')' (comm may hold any byte)."""
-    try:
-        fd = os.open("%s/%d/stat" % (proc_root, pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            raw = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        fields = raw[raw.rindex(b")") + 2:].split()
-        return int(fields[1]), int(fields[2]), int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
-    """Field 22 of /proc/PID/stat."""
-    fields = _stat(pid, proc_root)
-    return fields[2] if fields is not None else None
+# The records' names, the marks and the file helpers are the module's too (see jobfiles.py): the
+# family imports them from there; these names keep this program's code (and its callers) short.
+LAUNCH_FILE = jobfiles.LAUNCH_FILE
+RUN_FILE = jobfiles.RUN_FILE
+EXIT_FILE = jobfiles.EXIT_FILE
+SUPERVISOR_FILE = jobfiles.SUPERVISOR_FILE
+SAFEPATH_FILE = jobfiles.SAFEPATH_FILE
+JOBFILES_FILE = jobfiles.JOBFILES_FILE
+IDLE_FILE = jobfiles.IDLE_FILE
+FAILED_START_FILE = jobfiles.FAILED_START_FILE
+STATE_FILE_MODE = jobfiles.STATE_FILE_MODE
+RUN_MARK = jobfiles.RUN_MARK
+SUPERVISOR_MARK = jobfiles.SUPERVISOR_MARK
+run_mark = jobfiles.run_mark
+NotRegularFile = jobfiles.NotRegularFile
+open_regular = jobfiles.open_regular
+utc_now = jobfiles.utc_now
+write_json_atomic = jobfiles.write_json_atomic
+load_json = jobfiles.load_json
+read_json = jobfiles.read_json
+process_stat = jobfiles.process_stat
+process_starttime = jobfiles.process_starttime
 
 
 def group_members_below(group: int, ancestor: int, proc_root: str = "/proc") -> list:
@@ -159,7 +94,7 @@ def group_members_below(group: int, ancestor: int, proc_root: str = "/proc") -> 
     table = {}
     for name in os.listdir(proc_root):
         if name.isdigit():
-            fields = _stat(int(name), proc_root)
+            fields = process_stat(int(name), proc_root)
             if fields is not None:
                 table[int(name)] = fields
     members = []
@@ -504,9 +439,9 @@ def supervisor_source() -> str:
 
 
 def install_supervisor(job_dir: str) -> str:
-    """Write the private copy of this program, and of safepath.py next to it, into `job_dir`; return its path."""
-    safepath.write_atomic(os.path.join(job_dir, SAFEPATH_FILE), module_source(safepath).encode("utf-8"),
-                          STATE_FILE_MODE)
+    """Write the private copy of this program, and of safepath.py and jobfiles.py next to it, into `job_dir`; return its path."""
+    for name, module in ((SAFEPATH_FILE, safepath), (JOBFILES_FILE, jobfiles)):
+        safepath.write_atomic(os.path.join(job_dir, name), module_source(module).encode("utf-8"), STATE_FILE_MODE)
     path = os.path.join(job_dir, SUPERVISOR_FILE)
     safepath.write_atomic(path, supervisor_source().encode("utf-8"), STATE_FILE_MODE)
     return path

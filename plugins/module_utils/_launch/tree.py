@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.systemd import unit_name
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import (
     RUN_MARK,
     SUPERVISOR_MARK,
     run_mark,

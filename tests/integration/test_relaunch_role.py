@@ -1,0 +1,126 @@
+"""The role gpuops.relaunch.relaunch included in a user's own play, for real, on two local hosts.
+
+A cluster playbook of one's own: its own tasks before and after, `serial`, tags, `become`, and the
+relaunch included as a role. The first run launches each host's job; the second changes nothing and
+leaves the same pids, in few tasks per host. Each host's job is a script copied into this test's own
+directory, so the clean-up's selector matches this test's processes only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+from tests.harness.launch_targets import end_recorded_runs
+from tests.harness.playbook import REPO, run_playbook
+
+HOSTS = ("gpu-a", "gpu-b")
+# Goals of the relaunch-as-code issue, per host: a no-op relaunch and a first relaunch.
+NOOP_TASKS = 8
+FIRST_TASKS = 25
+
+
+def host_vars(tmp_path, host: str) -> dict:
+    home = tmp_path / host
+    (home / "logs").mkdir(parents=True)
+    script = home / "demo_train.py"
+    shutil.copy(REPO / "playbooks" / "files" / "demo_train.py", script)
+    return {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "job_launch_name": f"role-test-{host}-{os.getpid()}",
+        "job_launch_command": [sys.executable, str(script), "--workers", "1"],
+        "job_launch_log_path": str(home / "logs" / "train.log"),
+        "job_launch_state_dir": str(home / "state"),
+        "job_launch_ready_regex": "^step 1 ",
+        "job_launch_min_uptime": 1,
+        "job_launch_startup_timeout": 60,
+        "job_launch_term_timeout": 10,
+        "process_cleanup_match": [f"{script}\\b".replace(".", "\\.")],
+        "process_cleanup_term_timeout": 5,
+        "gpu_drain_gpus_required": False,
+        "gpu_drain_timeout": 20,
+    }
+
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(tmp_path):
+    hosts = {host: host_vars(tmp_path, host) for host in HOSTS}
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": hosts}}), encoding="utf-8")
+    yield {"inventory": str(inventory), "hosts": hosts, "dir": tmp_path}
+    run_playbook([{
+        "name": "stop", "hosts": "all", "gather_facts": False,
+        "tasks": [{"name": "Stop", "gpuops.relaunch.train_launch": {
+            "name": "{{ job_launch_name }}", "state": "stopped", "state_dir": "{{ job_launch_state_dir }}"}}],
+    }], inventory=str(inventory))
+    for host_vars_ in hosts.values():
+        end_recorded_runs(host_vars_["job_launch_state_dir"])
+
+
+def users_play(summary_dir: str) -> list[dict]:
+    """A play as a user writes one: own tasks around the relaunch, serial, become, tags."""
+    return [{
+        "name": "Our cluster", "hosts": "all", "gather_facts": False, "serial": 1,
+        "become": True, "become_method": "ansible.builtin.su",
+        "tasks": [
+            {"name": "Our own check before", "ansible.builtin.set_fact": {"ours_before": True}, "tags": ["always"]},
+            {"name": "Relaunch our training", "ansible.builtin.include_role": {
+                "name": "gpuops.relaunch.relaunch", "apply": {"tags": ["relaunch"]}},
+             "vars": {"relaunch_summary_dir": summary_dir}, "tags": ["relaunch"]},
+            {"name": "Our own step after", "ansible.builtin.set_fact": {
+                "ours_status": "{{ relaunch_summary.status }}"}, "tags": ["relaunch"]},
+            {"name": "Not part of a relaunch", "ansible.builtin.fail": {"msg": "tags left this out"}, "tags": ["other"]},
+        ],
+    }]
+
+
+def summaries(run) -> dict:
+    assert run.rc == 0, run.stdout[-5000:] + run.stderr[-2000:]
+    return {entry["_host"]: entry["summary"] for entry in run.tasks["Summarize"]}
+
+
+def test_the_role_in_a_users_play_relaunches_once_and_then_changes_nothing(cluster):
+    summary_dir = str(cluster["dir"] / "summaries")
+    first = run_playbook(users_play(summary_dir), inventory=cluster["inventory"], extra_args=["--tags", "relaunch"])
+    done = summaries(first)
+    for host in HOSTS:
+        assert done[host]["status"] == "relaunched", done[host]
+        assert done[host]["health"]["state"] == "missing" and done[host]["job"]["operation"] == "start"
+        assert isinstance(done[host]["job"]["pid"], int)
+        assert json.loads((cluster["dir"] / "summaries" / f"{host}.json").read_text(encoding="utf-8")) == done[host]
+        assert first.tasks_run(host) <= FIRST_TASKS + 3  # the user's own three tasks
+    assert "Not part of a relaunch" not in first.tasks
+
+    again = run_playbook(users_play(summary_dir), inventory=cluster["inventory"], extra_args=["--tags", "relaunch"])
+    same = summaries(again)
+    for host in HOSTS:
+        assert same[host]["status"] == "unchanged" and same[host]["why"].startswith("left alone: it runs with this spec")
+        assert same[host]["job"]["pid"] is None and same[host]["found"].startswith("not looked")
+        assert again.stats[host]["changed"] == 0, again.stats
+        assert again.tasks_run(host) <= NOOP_TASKS + 3, again.stats
+    # The user's own task after the role reads the role's summary; the job runs on, under the pid the first run proved.
+    assert again.result("Our own step after", HOSTS[0])["ansible_facts"]["ours_status"] == "unchanged"
+    probe = again.result("Ask how the job is and whether it must be relaunched", HOSTS[0])
+    assert probe["pid"] == done[HOSTS[0]]["job"]["pid"] and probe["changed"] is False
+
+
+def test_a_forced_relaunch_through_the_role_restarts_the_named_host_only(cluster):
+    first = run_playbook(users_play(""), inventory=cluster["inventory"], extra_args=["--skip-tags", "other"])
+    pids = {host: summary["job"]["pid"] for host, summary in summaries(first).items()}
+    forced = run_playbook(users_play(""), inventory=cluster["inventory"], extra_vars={"relaunch_force": True},
+                          extra_args=["--limit", HOSTS[1], "--skip-tags", "other"])
+    done = summaries(forced)
+    assert list(done) == [HOSTS[1]]
+    assert done[HOSTS[1]]["status"] == "relaunched" and done[HOSTS[1]]["job"]["pid"] != pids[HOSTS[1]]
+    assert done[HOSTS[1]]["why"].startswith("forced (relaunch_force)")
+    everywhere = run_playbook(users_play(""), inventory=cluster["inventory"], extra_vars={"relaunch_force": True},
+                              extra_args=["--skip-tags", "other"])
+    assert everywhere.rc != 0
+    refusal = everywhere.result("Decide, for every rank of the job at once", HOSTS[0])
+    assert "neither relaunch_hosts nor --limit" in refusal["msg"]
+    assert refusal.get("failed") is True
