@@ -76,7 +76,7 @@ def test_a_running_job_is_left_alone_and_its_progress_noted(ns: Target) -> None:
 
 
 def test_a_crashed_job_is_relaunched_resumed_and_the_guard_reset(ns: Target) -> None:
-    crashing = ns.demo("--ready-after", "0.1", "--step-interval", "0.3", "--crash-at-step", "1", "--exit-code", "7")
+    crashing = ns.demo("--ready-after", "0.1", "--step-interval", "0.5", "--crash-at-step", "2", "--exit-code", "7")
     options = {"command": crashing, "max_relaunches": 1, "relaunch_window": 3600}
     once(ns, **options)
     crashed = health_until(ns, "crashed", max_relaunches=1)

@@ -220,3 +220,23 @@ def test_forwarding_reaches_only_group_members_below_the_supervisor_and_by_ident
         for proc in (leader, stranger):
             proc.kill()
             proc.wait()
+
+
+def test_the_private_copy_runs_alone_with_its_jobfiles_and_safepath(tmp_path) -> None:
+    """The copy imports nothing from the collection: jobfiles.py and safepath.py lie next to it."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(mode=0o700)
+    script = install_supervisor(str(job_dir))
+    assert sorted(os.listdir(job_dir)) == ["jobfiles.py", "safepath.py", "supervisor.py"]
+    for name in os.listdir(job_dir):
+        assert (job_dir / name).stat().st_mode & 0o777 == 0o600
+    # -I and an empty environment, from /: no collection, no PYTHONPATH, nothing but the copies.
+    shown = subprocess.run([sys.executable, "-I", script], env={}, cwd="/", capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert shown.returncode == 2 and shown.stderr.startswith("usage: supervisor.py"), shown.stderr
+    # record-exit goes through jobfiles' atomic write in the copy.
+    recorded = subprocess.run([sys.executable, "-I", script, "record-exit", str(job_dir), "r1"], cwd="/",
+                              env={"EXIT_CODE": "exited", "EXIT_STATUS": "3", "SERVICE_RESULT": "exit-code"},
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert recorded.returncode == 0, recorded.stderr
+    assert json.loads((job_dir / "exit.json").read_text())["exit_code"] == 3
