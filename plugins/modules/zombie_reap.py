@@ -40,7 +40,8 @@ description:
     the plan is made from (no scan of its own), RV(left) what it says of one fresh snapshot taken
     after the ladder (the same as RV(found) when nothing was executed: check mode, or a plan with no
     step). So one task both clears and judges: no look before or after it is needed. RV(escalation)
-    is the worst of what the ladder could not clear and of RV(left.escalation)."
+    is the worst of what the ladder could not clear and of RV(left); for a process the ladder tried
+    and reports in RV(remaining), the ladder's judgement stands (it knows what was tried)."
   - "A selection that names more than a job is refused before anything is signalled, unless
     O(allow_broad=true): a O(match) pattern that matches the empty string or the command line of
     this module's process or of its ancestors (and so every python process, every other connection,
@@ -279,7 +280,7 @@ escalation:
   description:
     - What it takes to clear what is left, in the collection's one vocabulary, least force first
       (see the README's verdict table); the worst of what the ladder could not clear and of
-      RV(left.escalation).
+      RV(left) (where the ladder's judgement of a process in RV(remaining) stands for it).
     - V(none) (nothing left that needs more), V(signals) (signals would clear what is left, for
       example a process the job forked after the last round, or in check mode what was found),
       V(container_reboot) (only a restart of the container clears what is left) or V(host_action)

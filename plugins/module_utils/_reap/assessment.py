@@ -269,8 +269,8 @@ def _blocks_relaunch(zombie: Process, job: set[int], holder_pids: set[int], requ
     """Why this zombie stands in the way of a relaunch, or None if it is someone else's business."""
     if zombie.pid in job or zombie.ppid in job:
         return "belongs to the job"
-    if zombie.live_threads:
-        return "zombie leader whose live threads still hold memory"
+    # Another program's zombie leader whose threads run on is that program's business, unless it
+    # holds a GPU: zombie_reap never touches it, so it must not make a clean-up ask for signals.
     if zombie.pid in holder_pids:
         return "holds a GPU device"
     if zombie.ppid == NAMESPACE_INIT_PID:

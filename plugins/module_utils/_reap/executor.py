@@ -376,7 +376,7 @@ class ReapResult:
     def escalation(self) -> Escalation:
         """What it takes to clear what is left: the worst of what the ladder could not clear and of
         the look after it (the look sees what is not the job's too, such as orphans under PID 1)."""
-        return worst((self._ladder.escalation, self.left.escalation))
+        return worst((self._ladder.escalation, self._left_beyond_ladder.escalation))
 
     @property
     def judgement(self) -> Verdict:
@@ -388,13 +388,22 @@ class ReapResult:
             judgement.add(FindingKind.OTHER_JOB, Escalation.NONE,
                           f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
                           f"(name that job with job_name to select its processes)", pids)
-        if self.left.escalation.rank > self._ladder.escalation.rank:
-            judgement.extend(self.left.judgement)
+        beyond = self._left_beyond_ladder
+        if beyond.escalation.rank > self._ladder.escalation.rank:
+            judgement.extend(beyond)
         return judgement
 
     @property
     def _ladder(self) -> Verdict:
         return self.outcome.judgement if self.outcome is not None else Verdict()
+
+    @property
+    def _left_beyond_ladder(self) -> Verdict:
+        """The look's findings except those about processes the ladder itself judged (its `remaining`):
+        it tried them, so its word stands (a zombie whose parent was sent SIGCHLD and may not be ended
+        holds only its pid, where the look, which does not know that, would ask for signals)."""
+        judged = {entry["pid"] for entry in self.outcome.remaining} if self.outcome is not None else set()
+        return Verdict([f for f in self.left.judgement.findings if not f.pids or not set(f.pids) <= judged])
 
     def as_dict(self) -> dict[str, Any]:
         plan_steps = []

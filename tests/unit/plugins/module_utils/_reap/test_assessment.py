@@ -82,6 +82,16 @@ def test_zombie_leader_with_live_thread(proc):
     assert result.escalation == Escalation.SIGNALS
 
 
+def test_unrelated_zombie_leader_without_a_gpu_does_not_block(proc):
+    proc.add(70, "java", cmdline=["java", "-jar", "agent.jar"])
+    proc.add(71, "java", state="Z", ppid=70, threads=2)
+    proc.add_thread(71, 71, "java", state="Z")
+    proc.add_thread(71, 72, "gc", state="S", wchan="futex_wait_queue")
+    result, _clock = run(proc.root, match=[r"train"])
+    assert result.zombies[0]["kind"] == "zombie_leader" and result.zombies[0]["blocking"] is False
+    assert result.escalation == Escalation.NONE
+
+
 def test_unrelated_plain_zombie_does_not_block(proc):
     proc.add(70, "cron", cmdline=["cron"])
     proc.add(71, "sh", state="Z", ppid=70)
