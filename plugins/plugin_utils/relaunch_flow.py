@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Health, worst
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import Action
+
+NONE, RELAUNCH, REFUSED = Action.NONE.value, Action.RELAUNCH.value, Action.REFUSED.value
 
 # What a host's line in the fleet summary says it did, in the order the counts list them.
 FLEET_STATUSES = ("relaunched", "unchanged", "refused", "failed", "would_relaunch")
@@ -123,7 +126,7 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
     """
     own = dict(probe.get("decision") or {})
     decision = {
-        "action": own.get("action", "none"),
+        "action": own.get("action", NONE),
         "relaunch": bool(own.get("relaunch", False)),
         "why": str(own.get("why", "")),
         "resume": bool(own.get("resume", False)),
@@ -135,10 +138,10 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
         return decision
     answers = {name: (rank_probes or {}).get(name) for name in rank.ranks}
     must = [name for name, answer in answers.items()
-            if answer and (answer.get("decision") or {}).get("action", "none") != "none"]
+            if answer and (answer.get("decision") or {}).get("action", NONE) != NONE]
     decision["wanted_by"] = must
-    if must and decision["action"] == "none":
-        decision.update(action="relaunch", relaunch=True,
+    if must and decision["action"] == NONE:
+        decision.update(action=RELAUNCH, relaunch=True,
                         why=f"relaunched with its job, because rank(s) {', '.join(must)} must be")
     failed = [name for name, answer in answers.items() if answer and _failed(answer)]
     if failed and decision["relaunch"]:
@@ -173,7 +176,9 @@ def clearance(cleanup: Mapping[str, Any], drain: Mapping[str, Any], reset_allowe
     reasons = [str(r) for r in cleanup.get("reasons") or []]
     if not released:
         reasons.append(str(drain.get("msg") or "the GPUs were not released"))
-    clear = level == Escalation.NONE and released
+    # `signals` left after the clean-up is what the clean-up itself does (in check mode it sent none;
+    # zombies waiting for a parent it ended are reaped on their own): it blocks only through the GPUs.
+    clear = level.rank < Escalation.CONTAINER_REBOOT.rank and released
     blocked = None
     if not clear and not reset and not (check_mode and reset_done):
         if level == Escalation.HOST_ACTION:
@@ -231,12 +236,13 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     cleanup_again = _result(results.get("cleanup_again"))
     drain_again = _result(results.get("drain_again"))
     launch = _result(results.get("launch"))
-    action = str(decision.get("action") or "none")
-    wanted = action == "relaunch"
+    action = str(decision.get("action") or NONE)
+    wanted = action == RELAUNCH
     health = probe.get("health") or {}
     guard = probe.get("relaunch_guard") or {}
     found = cleanup.get("found") or {}
-    job = launch or {}
+    # The job as the launch left it, or as the probe found it when nothing was launched.
+    job = launch or probe
     summary: dict[str, Any] = {
         "host": host,
         "check_mode": bool(check_mode),
@@ -296,7 +302,7 @@ def fleet_status(summary: Mapping[str, Any] | None) -> str:
     """What one host's line of the fleet summary says it did."""
     if not summary or summary.get("failed"):
         return "failed"
-    if summary.get("action") == "refused":
+    if summary.get("action") == REFUSED:
         return "refused"
     if summary.get("relaunched"):
         return "relaunched"
@@ -337,10 +343,6 @@ def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None]) -> dict[str
         job["failed"] = [name for name in ranks if hosts.get(name, {"status": "failed"})["status"] == "failed"]
     statuses = [row["status"] for row in hosts.values()]
     return {"hosts": hosts, "jobs": jobs, "counts": {status: statuses.count(status) for status in FLEET_STATUSES}}
-
-
-# The statuses a host fails with, after its summary.
-FAILING_STATUSES = ("failed", "refused")
 
 
 def failure_message(summary: Mapping[str, Any], job_name: str) -> str | None:

@@ -20,6 +20,25 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+class TaskResults(dict):
+    """Results by task name. A role's task is named "ROLE : NAME" and is found by NAME too (lookups
+    only: iterating sees each task once, under its full name)."""
+
+    def _full(self, name: Any) -> Any:
+        if dict.__contains__(self, name) or not isinstance(name, str):
+            return name
+        return next((key for key in self if key.endswith(" : " + name)), name)
+
+    def __getitem__(self, name: Any) -> Any:
+        return dict.__getitem__(self, self._full(name))
+
+    def __contains__(self, name: Any) -> bool:
+        return dict.__contains__(self, self._full(name))
+
+    def get(self, name: Any, default: Any = None) -> Any:
+        return dict.get(self, self._full(name), default)
+
+
 @dataclass
 class PlaybookRun:
     """What one ansible-playbook run produced."""
@@ -27,7 +46,7 @@ class PlaybookRun:
     rc: int
     stdout: str
     stderr: str
-    tasks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    tasks: dict[str, list[dict[str, Any]]] = field(default_factory=TaskResults)
     # The play recap per host: ok (changed included), changed, skipped, failures, ...
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -99,9 +118,6 @@ def run_playbook(
     for play in report.get("plays", []):
         for task in play.get("tasks", []):
             name = task["task"]["name"]
-            # A role's task is "ROLE : NAME"; it is found by NAME too.
-            names = {name, name.split(" : ", 1)[-1]}
             for host, result in task.get("hosts", {}).items():
-                for key in names:
-                    run.tasks.setdefault(key, []).append(dict(result, _host=host))
+                run.tasks.setdefault(name, []).append(dict(result, _host=host))
     return run

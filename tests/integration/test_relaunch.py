@@ -21,6 +21,7 @@ from tests.harness.procstates import state_of, wait_until
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 SUMMARY = "Summarize"
+PROBE = "Ask how the job is and whether it must be relaunched"
 
 
 @pytest.fixture(name="site")
@@ -86,10 +87,8 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     assert first["relaunched"] is True and first["would_relaunch"] is True and first["check_mode"] is False
     assert first["found"] == "signals" and first["job"]["operation"] == "start"
     # The probe is a question: its "would start" is not counted as a change.
-    launches = [result for name, results in run.tasks.items() if name.endswith("Launch the job and prove it started")
-                for result in results if "operation" in result]
-    probe = launches[0]
-    assert probe["operation"] == "start" and probe["changed"] is False
+    probe = run.result(PROBE)
+    assert probe["operation"] == "start" and probe["changed"] is False and probe["decision"]["action"] == "relaunch"
     # Machine-readable: set_stats data (AWX), and a JSON file on the controller.
     stats = json.loads(run.stdout)["global_custom_stats"]["relaunch_summary"]
     assert list(stats) == ["localhost"] and stats["localhost"]["job"]["pid"] == first["job"]["pid"]
@@ -110,6 +109,9 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     assert int(second["job"]["pid"]) == int(job["pid"])
     changed = [name for name, hosts in again.tasks.items() if any(h.get("changed") for h in hosts)]
     assert changed == []
+    # Few tasks per host (the relaunch-as-code goals): a first relaunch at most 25, a no-op at most 8.
+    assert run.tasks_run("localhost") <= 25, run.stats
+    assert again.tasks_run("localhost") <= 8, again.stats
 
 
 def test_check_mode_changes_nothing(site):

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 SUMMARY = "Summarize"
-REFUSED = "Fail this host when the crash-loop guard refuses the relaunch"
-STOP = "gpuops.relaunch.job_launch : Stop the job and wait until its whole process tree is gone"
+REFUSED = "Fail this host when a step failed or the crash-loop guard refused"
+STOP = "Stop the job and wait until its whole process tree is gone"
 PYTHON = "/usr/bin/python3"
 # An init that reaps, as a container's usually does: after the simulated reboot nothing is left,
 # not even zombies (under the never-reaping sleep they would stay, and only a real reboot clears them).
@@ -192,7 +192,7 @@ def test_a_crashing_job_is_relaunched_until_the_guard_stops_it(site: Site) -> No
     assert refused["relaunch_guard"]["recent"] == 1 and refused["relaunch_guard"]["would_refuse"] is True
     assert "crashing after step 2 with code 7" in refused["health"]["log_tail"]
     failure = run.result(REFUSED)
-    assert failure["failed"] is True and "job_launch_max_relaunches=1" in failure["msg"]
+    assert failure["failed"] is True and "max_relaunches=1" in failure["msg"]
     assert "Nothing was stopped" in failure["msg"] and "crashing after step 2" in failure["msg"]
     assert STOP not in run.tasks  # nothing was stopped or started
     assert site.health()["run_id"] == crashed["run_id"]

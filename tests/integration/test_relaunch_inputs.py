@@ -21,8 +21,9 @@ from tests.harness.playbook import REPO, PlaybookRun, run_playbook
 pytestmark = pytest.mark.slow
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
-REFUSE = "Refuse a force on every host unless relaunch_hosts or --limit names the hosts"
-STOP = "Stop the old job"
+REFUSE = "Decide, for every rank of the job at once"
+VALIDATE = "Validating arguments against arg spec 'main'"
+STOP = "Stop the job and wait until its whole process tree is gone"
 HOSTS = ("job-a", "job-b")
 
 
@@ -96,7 +97,7 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
     assert all(running.values()), running
 
     # Force from the command line without naming hosts (or with a typo for relaunch_hosts): refused
-    # on every host before anything is looked at or stopped.
+    # on every host before anything is stopped (the probe, a question, has looked).
     for extra in ({"relaunch_force": True}, {"relaunch_force": "true", "relaunch_host": "job-a"}):
         refused = site.relaunch(extra)
         assert refused.rc != 0
@@ -104,7 +105,8 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
             failure = refused.result(REFUSE, host)
             assert failure["failed"] is True, failure
             assert "relaunch_hosts" in failure["msg"] and "--limit" in failure["msg"], failure["msg"]
-        assert STOP not in refused.tasks and "Summarize" not in refused.tasks
+        assert STOP not in refused.tasks
+        assert {summary["status"] for summary in summaries(refused).values()} == {"failed"}
         assert site.pids() == running
 
     # Named with --limit: that host only is forced.
@@ -127,7 +129,7 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
     inventory_forced = site.relaunch()
     assert inventory_forced.rc == 0, inventory_forced.stdout[-4000:]
     done = summaries(inventory_forced)
-    assert done["job-b"]["relaunched"] is True and done["job-b"]["why"].startswith("relaunch_force")
+    assert done["job-b"]["relaunched"] is True and done["job-b"]["why"].startswith("forced (relaunch_force)")
     assert done["job-a"]["relaunched"] is False and done["job-a"]["action"] == "none"
     after_inventory = site.pids()
     assert after_inventory["job-b"] != after_named["job-b"] and after_inventory["job-a"] == after_named["job-a"]
@@ -145,8 +147,11 @@ def test_a_host_without_a_job_name_or_command_fails_naming_it(site: Site, missin
     del site.vars["job-a"][missing]
     run = site.relaunch()
     assert run.rc != 0
-    failed = summaries(run)["job-a"]
-    assert failed["relaunched"] is False and f"missing required arguments: {missing}" in failed["failed"], failed
+    # The role's argument check fails that host before anything runs on it.
+    validated = [result for name, results in run.tasks.items() if VALIDATE in name for result in results]
+    failed = [result for result in validated if result["_host"] == "job-a"]
+    assert failed and failed[0]["failed"] is True and missing in failed[0]["msg"], failed
+    assert "job-a" not in summaries(run)
     assert not Path(site.state_dirs["job-a"]).exists()
     assert not Path(site.vars["job-a"]["job_launch_log_path"]).exists()
     assert summaries(run)["job-b"]["relaunched"] is True and site.pids()["job-b"]

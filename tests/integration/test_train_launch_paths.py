@@ -33,11 +33,10 @@ pytestmark = pytest.mark.slow
 
 NOBODY = 65534
 RELAUNCH = str(REPO / "playbooks" / "relaunch.yml")
-PROBE = "gpuops.relaunch.job_launch : Launch the job and prove it started"
-STOP = "gpuops.relaunch.job_launch : Stop the job and wait until its whole process tree is gone"
+STOP = "Stop the job and wait until its whole process tree is gone"
 SUMMARY = "Summarize"
-REFUSED = "Fail this host when the crash-loop guard refuses the relaunch"
-FAILED = "Fail this host when a step failed"
+REFUSED = "Fail this host when a step failed or the crash-loop guard refused"
+FAILED = REFUSED
 
 # A job that takes over the terminal of whoever reads its log: the window title (OSC ... BEL), a
 # cleared screen and colours (CSI), C1 CSI as a character (U+009B) and as a raw byte, DEL, and a

@@ -97,6 +97,7 @@ def reaped(escalation: str, reasons=()) -> dict:
      ("blocked", "The GPUs were not released: why; held")),
     ("none", {"escalation": "container_reboot", "released": False, "msg": "held"}, True, False, False, ("reset", None)),
     ("bogus", {}, True, False, False, ("blocked", "The host must act")),
+    ("signals", {"escalation": "none", "released": True}, False, False, True, ("clear", None)),
 ])
 def test_clearance_takes_the_worst_of_the_cleanup_and_the_drain(cleanup, drain, allowed, done, check, expect):
     answer = clearance(reaped(cleanup, ["why"]), drain, allowed, done, check, "h1")
@@ -137,10 +138,13 @@ def test_the_host_summary_has_native_types_and_every_key():
 
 
 def test_a_noop_summary_says_nothing_was_looked_at():
-    results = {"probe": {"health": {"state": "running", "reason": "ok"}}, "decision": {"action": "none", "why": "left alone"}}
+    results = {"probe": {"health": {"state": "running", "reason": "ok"}, "operation": "none", "pid": 88, "elapsed": 0.2},
+               "decision": {"action": "none", "why": "left alone"}}
     summary = host_summary("h1", False, results, None, None)
     assert summary["status"] == "unchanged" and summary["found"] == NOT_LOOKED and summary["seconds"] == {}
-    assert summary["job"]["pid"] is None and failure_message(summary, "j") is None
+    # The job as the probe found it: still running under its pid.
+    assert summary["job"] == {"operation": "none", "pid": 88, "log_path": None, "ready_line": None}
+    assert failure_message(summary, "j") is None
 
 
 def test_a_host_whose_probe_failed_is_failed_with_an_unknown_health():
