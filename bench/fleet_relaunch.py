@@ -150,7 +150,7 @@ def summaries(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for play in report["plays"]:
         for task in play["tasks"]:
-            if task["task"]["name"] == SUMMARY:
+            if task["task"]["name"].split(" : ")[-1] == SUMMARY:
                 for host, result in task["hosts"].items():
                     found[host] = result["summary"]
     return found
