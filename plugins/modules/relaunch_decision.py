@@ -72,12 +72,13 @@ RETURN = r"""
 decision:
   description:
     - C(action) (V(none), V(relaunch) or V(refused)), C(relaunch) (bool), C(why), C(resume) (bool), C(resume_mode)
-      (V(always) when a rank of the job failed, else null, meaning the inventory's C(job_launch_resume)) and C(wanted_by)
+      (V(always) when a rank of the job failed, else null, meaning the inventory's C(job_launch_resume)), C(stop)
+      (something of the job runs that the stop must end first; nothing running, the stop is skipped) and C(wanted_by)
       (the ranks that must be relaunched). Also the fact C(relaunch_decision).
   returned: success
   type: dict
   sample: {action: relaunch, relaunch: true, why: "relaunched with its job, because rank(s) gpu2 must be", resume: true,
-           resume_mode: always, wanted_by: [gpu2]}
+           resume_mode: always, stop: true, wanted_by: [gpu2]}
 msg:
   description: The decision's C(why).
   returned: always

@@ -132,6 +132,10 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
         "resume": bool(own.get("resume", False)),
         # What the launch is told (null: the inventory's job_launch_resume).
         "resume_mode": None,
+        # Whether something of the job runs that the stop must end first. Nothing running (a crash, a
+        # reboot): the stop is skipped; the launch writes the incident record then, and it restarts
+        # a job that started in between (state=started stops what runs with another spec).
+        "stop": bool(probe.get("running", True)),
         "wanted_by": [],
     }
     if rank is None:

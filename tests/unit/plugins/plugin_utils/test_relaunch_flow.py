@@ -24,7 +24,12 @@ RANKS = Rank(0, ("a", "b", "c"), "a", 29500)
 def test_a_single_host_takes_the_probes_decision_as_it_is():
     decision = decide(probe("relaunch", "crashed", "the job is crashed: exit 1", True))
     assert decision == {"action": "relaunch", "relaunch": True, "why": "the job is crashed: exit 1", "resume": True,
-                        "resume_mode": None, "wanted_by": []}
+                        "resume_mode": None, "stop": True, "wanted_by": []}
+
+
+def test_the_stop_runs_only_when_something_of_the_job_runs():
+    assert decide(dict(probe("relaunch", "crashed"), running=False))["stop"] is False
+    assert decide(dict(probe("relaunch", "running"), running=True))["stop"] is True
 
 
 def test_one_rank_that_must_relaunch_relaunches_every_rank_and_all_resume_after_a_failure():
