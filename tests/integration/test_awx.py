@@ -235,12 +235,18 @@ def test_survey_follows_awx_schema_and_names_documented_variables() -> None:
         assert item["variable"] in documented, item["variable"]
         if item["type"] in {"multiplechoice", "multiselect"}:
             choices = item["choices"] if isinstance(item["choices"], list) else item["choices"].split("\n")
-            assert item["default"] in choices, item
+            assert item["default"] in choices or (item["default"] == "" and not item["required"]), item
         if item["type"] in {"integer", "float"} and item["default"] != "":
             assert item["min"] <= item["default"] <= item["max"], item
     assert {"relaunch_hosts", "relaunch_force"} <= set(variables)
+    # Left blank, AWX passes no relaunch_force, so each host's inventory relaunch_force decides: an
+    # answer of "false" (the default once) was an extra var that overrode a host_vars true.
     force = next(item for item in SURVEY["spec"] if item["variable"] == "relaunch_force")
-    assert force["type"] == "multiplechoice" and force["default"] == "false"
+    assert force["type"] == "multiplechoice" and force["default"] == "" and force["required"] is False
+    schedule = yaml.safe_load((AWX_DIR / "schedule.yml").read_text(encoding="utf-8"))
+    extra_data = [play["vars"]["relaunch_awx_schedule"]["extra_data"] for play in schedule
+                  if "relaunch_awx_schedule" in play.get("vars", {})]
+    assert extra_data and all("relaunch_force" not in data for data in extra_data)
 
 
 def test_job_template_example_names_the_playbook_and_the_survey() -> None:
