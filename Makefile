@@ -12,7 +12,7 @@ APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup apt venv collection demo test pytest sanity lint docs-lint molecule bench clean
+.PHONY: setup apt venv collection demo test pytest sanity lint docs-lint molecule matrix bench clean
 
 setup: apt venv collection
 
@@ -75,7 +75,14 @@ docs-lint: setup
 molecule: setup
 	cd extensions && $(BIN)/molecule test --all
 
-test: pytest sanity lint docs-lint molecule
+# The support matrix (tools/matrix.py): the built and installed tarball's relaunch.yml on localhost
+# (a launch, a no-op, a stop) with the oldest ansible-core meta/runtime.yml claims (2.16, Python 3.11)
+# and the newest (2.21, Python 3.13), each in a venv of its own under .build/matrix, pinned by
+# requirements/matrix-*.txt and made once (a stamp keeps it until the pins or the interpreter change).
+matrix: setup
+	$(PY) tools/matrix.py
+
+test: pytest sanity lint docs-lint molecule matrix
 
 bench: setup
 	$(PY) bench/scan_vs_ps.py

@@ -39,7 +39,9 @@ class ActionModule(ActionBase):
                         "relaunch_hosts" in task_vars or task_vars.get("ansible_limit") is not None)
             rank = None
             rank_probes = None
-            if args["ranks"] is not None:
+            # No ranks: None, or "" - ansible-core before 2.19 renders a template whose whole value
+            # is None (the role's "{{ job_launch_ranks | default(none) }}") as "" (tools/matrix.py, 2.16).
+            if args["ranks"] not in (None, ""):
                 ranks = args["ranks"]
                 check_ranks(host, ranks, {name: _var(hostvars, name, "job_launch_ranks") for name in ranks},
                             play_hosts, list(task_vars.get("ansible_play_batch") or []))
