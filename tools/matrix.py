@@ -161,6 +161,12 @@ def build_tarball() -> Path:
     return DIST_DIR / f"gpuops-relaunch-{VERSION}.tar.gz"
 
 
+def _write_config(entry: Entry, directory: Path) -> None:
+    """An ansible.cfg in `directory` (the commands' cwd) naming only the entry's collections dir."""
+    (directory / "ansible.cfg").write_text(
+        f"[defaults]\ncollections_path = {entry.collections}\nretry_files_enabled = False\n", encoding="utf-8")
+
+
 def _entry_env(entry: Entry, work: Path) -> dict[str, str]:
     """The environment of the entry's Ansible commands: none of the checkout's Ansible settings, only
     the installed copy on the collections path."""
@@ -231,27 +237,38 @@ def run_entry(entry: Entry, tarball: Path) -> str:
                      "import platform, ansible.release as r; print(r.__version__, platform.python_version())"],
                     entry.root / "versions.log").split()
     shutil.rmtree(entry.collections, ignore_errors=True)
+    _write_config(entry, entry.root)
     _run([str(entry.venv / "bin" / "ansible-galaxy"), "collection", "install", str(tarball), "-p",
           str(entry.collections), "--no-deps", "--force"], entry.root / "install.log",
-         env=_entry_env(entry, entry.root))
+         env=_entry_env(entry, entry.root), cwd=entry.root)
     installed = entry.collections / "ansible_collections" / "gpuops" / "relaunch"
+    # The installed copy is the only gpuops.relaunch this venv's Ansible sees (not the checkout's link).
+    listed = json.loads(_run([str(entry.venv / "bin" / "ansible-galaxy"), "collection", "list", "gpuops.relaunch",
+                              "--format", "json"], entry.root / "list.log", env=_entry_env(entry, entry.root),
+                             cwd=entry.root))
+    seen = sorted(path for path, collections in listed.items() if "gpuops.relaunch" in collections)
+    if seen != [str(entry.collections / "ansible_collections")]:
+        raise MatrixFailure(f"gpuops.relaunch is seen at {seen}, not only at {entry.collections}")
 
     work = Path(tempfile.mkdtemp(prefix=f"gpuops-matrix-{entry.name}-"))
     try:
         script = work / "demo_train.py"
         shutil.copyfile(installed / "playbooks" / "files" / "demo_train.py", script)
-        (work / "ansible.cfg").write_text(
-            f"[defaults]\ncollections_path = {entry.collections}\nretry_files_enabled = False\n", encoding="utf-8")
+        _write_config(entry, work)
         (work / "inventory.yml").write_text(yaml.safe_dump(_inventory(entry, work, script)), encoding="utf-8")
         env = _entry_env(entry, work)
         with pid_namespace([str(entry.venv / "bin" / "python"), "-c", REAPING_INIT]) as ns:
-            first, _fleet, first_changed = _relaunch(entry, ns, work, env, "launch")
-            if first.get("status") in ("failed", "refused") or first.get("relaunched") is not True:
+            first, fleet, first_changed = _relaunch(entry, ns, work, env, "launch")
+            if first.get("status") != "relaunched" or fleet["counts"].get("relaunched") != 1:
                 raise MatrixFailure(f"launch: not relaunched: {first}")
+            # The drain ran too: gpu_mem_wait with gpus_required false, and no pynvml in the venv.
+            if not {"cleanup", "drain", "launch"} <= set(first["seconds"]) or \
+                    not str(first["job"].get("ready_line") or "").startswith("step 1 "):
+                raise MatrixFailure(f"launch: a step did not run, or the job was not proven started: {first}")
             pid = int(first["job"]["pid"])
-            second, _fleet, second_changed = _relaunch(entry, ns, work, env, "noop")
-            if second.get("relaunched") is not False or second_changed != 0:
-                raise MatrixFailure(f"no-op: changed={second_changed}, relaunched={second.get('relaunched')}")
+            second, fleet, second_changed = _relaunch(entry, ns, work, env, "noop")
+            if second.get("status") != "unchanged" or fleet["counts"].get("unchanged") != 1 or second_changed != 0:
+                raise MatrixFailure(f"no-op: changed={second_changed}, summary {second}")
             if int(second["job"]["pid"]) != pid:
                 raise MatrixFailure(f"no-op: the pid went from {pid} to {second['job']['pid']}")
             stop_args = json.dumps({"name": f"matrix-{entry.name}", "state": "stopped", "state_dir": str(work / "state")})
@@ -289,11 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     def one(entry: Entry) -> tuple[bool, str]:
         started = time.monotonic()
         try:
-            line = run_entry(entry, tarball)
-            ok = True
+            ok, line = True, "ok " + run_entry(entry, tarball)
         except MatrixFailure as exc:
-            line, ok = f"FAILED: {exc}", False
-        return ok, f"matrix {entry.name}: {'ok' if ok else ''} {line} [{time.monotonic() - started:.0f} s]".replace(":  ", ": ")
+            ok, line = False, f"FAILED: {exc}"
+        except Exception as exc:  # pylint: disable=broad-exception-caught  # a summary without a key, a bad JSON file
+            ok, line = False, f"FAILED: {type(exc).__name__}: {exc}"
+        return ok, f"matrix {entry.name}: {line} [{time.monotonic() - started:.0f} s]"
 
     with ThreadPoolExecutor(max_workers=len(entries)) as pool:
         results = list(pool.map(one, entries))
