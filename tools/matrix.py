@@ -27,6 +27,7 @@ names, dirs and namespaces). One line per entry; the exit status is non-zero whe
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -297,6 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     entries = [e for e in ENTRIES if not args.select or any(s in e.name for s in args.select)]
     if not entries:
         parser.error(f"no entry matches {args.select}; entries: {', '.join(e.name for e in ENTRIES)}")
+    MATRIX_DIR.mkdir(parents=True, exist_ok=True)
+    with open(MATRIX_DIR / ".lock", "w", encoding="utf-8") as lock:
+        # Two `make matrix` of one checkout would share the venvs, the tarball and the collections dirs.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _run_matrix(entries)
+
+
+def _run_matrix(entries: list[Entry]) -> int:
+    """Build the tarball, run `entries` in parallel, print one line each; 0 when every one passed."""
     try:
         tarball = build_tarball()
     except MatrixFailure as exc:
