@@ -123,18 +123,25 @@ class MatrixFailure(Exception):
 
 def _run(argv: list[str], log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None,
          timeout: float = STEP_TIMEOUT) -> str:
-    """Run `argv`, keep its output in `log`, and return stdout; a failure raises with the output's tail."""
+    """Run `argv`, keep its output in `log`, and return stdout; a failure raises with the output's tail.
+
+    The step is named after the log (launch, noop, stop, install, pip...) and the program run (the
+    one after nsenter's "--" when the command enters a namespace)."""
+    program = argv[argv.index("--") + 1] if argv[0] == "nsenter" and "--" in argv else argv[0]
+    step = f"{log.stem} ({Path(program).name})"
     try:
         proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise MatrixFailure(f"{' '.join(argv[:3])} ran past {timeout} s") from None
+        raise MatrixFailure(f"{step} ran past {timeout} s") from None
     except OSError as exc:
-        raise MatrixFailure(f"cannot run {argv[0]}: {exc}") from None
+        raise MatrixFailure(f"{step}: cannot run {program}: {exc}") from None
     log.write_text(f"$ {' '.join(argv)}\nrc={proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}",
                    encoding="utf-8")
     if proc.returncode != 0:
-        tail = (proc.stdout[-1500:] + "\n" + proc.stderr[-1500:]).strip()
-        raise MatrixFailure(f"{Path(argv[0]).name} {' '.join(argv[1:3])} exited {proc.returncode} (see {log}):\n{tail}")
+        # Ansible's own "fatal:" lines say why; the tail says where.
+        fatal = [line for line in proc.stdout.splitlines() if line.startswith("fatal:")]
+        tail = "\n".join([*fatal, proc.stdout[-800:], proc.stderr[-800:]]).strip()
+        raise MatrixFailure(f"{step} exited {proc.returncode} (see {log}):\n{tail}")
     return proc.stdout
 
 
