@@ -279,7 +279,8 @@ remaining:
 escalation:
   description:
     - What it takes to clear what is left, in the collection's one vocabulary, least force first
-      (see the README's verdict table); the worst of what the ladder could not clear and of
+      (see R(the verdict table in the relaunch guide,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table));
+      the worst of what the ladder could not clear and of
       RV(left) (where the ladder's judgement of a process in RV(remaining) stands for it).
     - V(none) (nothing left that needs more), V(signals) (signals would clear what is left, for
       example a process the job forked after the last round, or in check mode what was found),
