@@ -150,12 +150,6 @@ elapsed:
   returned: unless the options were refused
   type: float
   sample: 2.61
-waited_s:
-  description:
-    - Deprecated, use RV(elapsed); seconds from the first look to the last, kept for earlier releases.
-  returned: unless the options were refused or a GPU query failed
-  type: float
-  sample: 2.53
 polls:
   description: How many looks it took.
   returned: always
@@ -253,15 +247,6 @@ escalation:
   type: str
   choices: [none, signals, container_reboot, host_action]
   sample: container_reboot
-verdict:
-  description:
-    - Deprecated, use RV(escalation); kept with the words of earlier releases.
-    - V(released) (escalation V(none)), V(held) (V(signals)), V(needs_reboot) (V(container_reboot)) or
-      V(needs_host_action) (V(host_action)).
-  returned: always
-  type: str
-  choices: [released, held, needs_reboot, needs_host_action]
-  sample: needs_reboot
 needs_reboot:
   description: Whether RV(escalation) is V(container_reboot).
   returned: always

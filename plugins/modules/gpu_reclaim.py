@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_reclaim
 short_description: End every process that holds the chosen GPUs and is not spared, then wait for the release
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - For shared GPU machines (CI runners, shared boxes) where the GPUs are held by whatever ran last,
     not by one known job. Every process the driver lists on the chosen GPUs is ended unless it is

@@ -265,10 +265,6 @@ tasks:
       description: Seconds from the request to the end of the task, as seen by the module.
       type: float
       sample: 4.21
-    duration:
-      description: Deprecated, kept for playbooks that read it; the same as RV(tasks[].elapsed).
-      type: float
-      sample: 4.21
 status:
   description: The container's status at the end (C(running) on success; in check mode the current status).
   returned: success
@@ -284,13 +280,6 @@ elapsed:
     - Seconds the module spent on the task, from its start to its result, including waiting for a
       lock. The collection's one name for elapsed seconds (M(gpuops.relaunch.train_launch) and
       M(gpuops.relaunch.zombie_reap) return it too).
-  returned: success
-  type: float
-  sample: 5.3
-waited_s:
-  description:
-    - Deprecated, kept for playbooks that read it; use RV(elapsed).
-    - The same as RV(elapsed), except that it is C(0) in check mode.
   returned: success
   type: float
   sample: 5.3

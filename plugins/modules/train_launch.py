@@ -235,11 +235,9 @@ options:
       - With O(backend=systemd) this becomes the unit's C(TimeoutStopSec) when the job is started, and
         that value applies when it is stopped.
       - The collection's one name for this grace, as in
-        O(gpuops.relaunch.zombie_reap#module:term_timeout). Its earlier name O(stop_timeout) is kept
-        as an alias.
+        O(gpuops.relaunch.zombie_reap#module:term_timeout).
     type: float
     default: 30
-    aliases: [stop_timeout]
   remove_paths:
     description:
       - Absolute paths removed (files, links or whole directories) before each start, for example the
@@ -538,14 +536,6 @@ elapsed:
   returned: always
   type: float
   sample: 5.3
-ready_after:
-  description:
-    - Deprecated, kept for playbooks that read it; use RV(elapsed).
-    - Seconds from the launch until the proof of start held (or until it failed), the launch-to-proof
-      part of RV(elapsed).
-  returned: after a start
-  type: float
-  sample: 5.1
 option_problems:
   description:
     - Every problem found with the options (each with its RV(option_problems[].option) and
@@ -832,7 +822,7 @@ def main() -> None:
             "startup_timeout": {"type": "float", "default": 120},
             "min_uptime": {"type": "float", "default": 5},
             "ready_regex": {"type": "str"},
-            "term_timeout": {"type": "float", "default": 30, "aliases": ["stop_timeout"]},
+            "term_timeout": {"type": "float", "default": 30},
             "remove_paths": {"type": "list", "elements": "path", "default": []},
             "log_tail_lines": {"type": "int", "default": 20},
             "progress_regex": {"type": "str"},

@@ -108,15 +108,6 @@ ansible_facts:
           type: str
           choices: [none, signals, container_reboot, host_action]
           sample: signals
-        verdict:
-          description:
-            - Deprecated, use RV(ansible_facts.zombie_facts.escalation); kept with the words of earlier
-              releases.
-            - V(clean) (escalation V(none)), V(reapable) (V(signals)), V(needs_reboot) (V(container_reboot))
-              or V(needs_host_action) (V(host_action)).
-          type: str
-          choices: [clean, reapable, needs_reboot, needs_host_action]
-          sample: reapable
         reasons:
           description: Why the escalation is what it is, each naming the pids concerned; the C(why) of each finding.
           type: list

@@ -106,10 +106,10 @@ def test_release_after_a_real_holder_is_killed(reaper: Reaper, gpu: SimGpu) -> N
     assert gpu1["processes"] == []
     assert result["released_mib"] == 8192
     assert result["polls"] >= 2
-    # elapsed is the collection's name for the seconds the task took; waited_s (deprecated) is part of it.
-    assert result["elapsed"] >= result["waited_s"] > 0 and f"after {result['elapsed']:g}s" in result["msg"]
+    # elapsed is the collection's one name for the seconds the task took; no second name, no old words.
+    assert result["elapsed"] > 0 and f"after {result['elapsed']:g}s" in result["msg"]
     assert result["escalation"] == "none" and result["holders"] == []
-    assert result["verdict"] == "released"  # deprecated, the old word
+    assert "waited_s" not in result and "verdict" not in result
     # GPU 0 still has its live holder: selecting it (by UUID) times out naming that process.
     held = run_wait({"devices": [gpu.devices[0]["uuid"]], "timeout": 0.5, "poll_interval": 0.1}, gpu.env())
     assert held["failed"] is True and held["released"] is False
@@ -133,7 +133,7 @@ def test_zombie_leader_holds_until_its_threads_end(reaper: Reaper, gpu: SimGpu) 
     assert entry["state"] == "Z" and entry["live_threads"], entry
     assert "zombie leader" in held["msg"] and str(holder["pid"]) in held["msg"]
     assert held["gpus"][0]["used_mib_after"] == 4096 + 4
-    assert held["verdict"] == "held"
+    assert held["escalation"] == "signals" and "verdict" not in held
 
     # SIGKILL to the leader ends its live threads; what is left is a plain zombie (never reaped
     # by its parent), and the simulated driver releases the memory after the teardown delay.
@@ -186,7 +186,7 @@ def test_host_pid_is_invisible_inside_a_namespace_container(reaper: Reaper, gpu:
             [entry] = result["holders"]
             assert entry["pid"] == holder["pid"] and entry["visible"] is False and entry["kind"] == "invisible"
             assert "host pid" in entry["description"] and entry["host_pids_visible"] is False
-            assert result["escalation"] == "container_reboot" and result["verdict"] == "needs_reboot"
+            assert result["escalation"] == "container_reboot" and "verdict" not in result
             assert "not visible in this container" in result["msg"]
 
             # The simulated driver inside still judges the holder by its host pid: kill it, and the
@@ -347,7 +347,7 @@ def test_gpu_drain_role_says_when_only_a_reboot_helps(reaper: Reaper, gpu: SimGp
                 {"name": "stuck GPU", "ansible.builtin.include_role": {"name": "gpuops.relaunch.gpu_drain"},
                  "vars": {**common, "gpu_drain_devices": ["0"], "gpu_drain_fail_on_timeout": False}},
                 {"name": "report stuck", "ansible.builtin.debug": {"msg": {
-                    "needs_reboot": "{{ gpu_drain_needs_reboot }}", "verdict": "{{ gpu_drain_verdict }}",
+                    "needs_reboot": "{{ gpu_drain_needs_reboot }}", "verdict_defined": "{{ gpu_drain_verdict is defined }}",
                     "escalation": "{{ gpu_drain_escalation }}",
                     "pids": "{{ gpu_drain_holders | map(attribute='pid') | list }}"}}},
                 # Last: with a live holder and gpu_drain_fail_on_timeout at its default, the role fails.
@@ -358,7 +358,7 @@ def test_gpu_drain_role_says_when_only_a_reboot_helps(reaper: Reaper, gpu: SimGp
         run = run_playbook(play, timeout=300)
         stuck = run.result("report stuck")["msg"]
         assert stuck["needs_reboot"] is True and stuck["escalation"] == "container_reboot", run.stdout
-        assert stuck["verdict"] == "needs_reboot"  # deprecated, the old word
+        assert stuck["verdict_defined"] is False  # one name: gpu_drain_escalation
         assert stuck["pids"] == [holder["pid"]]
         stop = run.tasks["gpuops.relaunch.gpu_drain : Stop when the GPUs are still held"]
         assert [entry.get("skipped", False) for entry in stop] == [True, False]

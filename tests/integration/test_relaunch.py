@@ -42,7 +42,7 @@ def site_fixture(tmp_path):
         "job_launch_ready_regex": "^step 1 ",
         "job_launch_min_uptime": 1,
         "job_launch_startup_timeout": 60,
-        "job_launch_stop_timeout": 10,
+        "job_launch_term_timeout": 10,
         "process_cleanup_match": [f"{script}\\b".replace(".", "\\.")],
         "process_cleanup_term_timeout": 5,
         "gpu_drain_gpus_required": False,

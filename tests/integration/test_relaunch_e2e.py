@@ -104,7 +104,7 @@ def relaunch_vars(lab: ProxmoxLab, reset_allowed: bool) -> dict[str, Any]:
         "job_launch_ready_regex": "^step 1 ",
         "job_launch_min_uptime": 1,
         "job_launch_startup_timeout": 60,
-        "job_launch_stop_timeout": 5,
+        "job_launch_term_timeout": 5,
         "process_cleanup_match": [r"/playbooks/files/demo_train\.py\b"],
         "process_cleanup_term_timeout": 5,
         # The container's init never reaps: no need to watch its orphans for long.

@@ -41,7 +41,7 @@ def host_vars(tmp_path: Path, host: str, ranks: list[str] | None) -> dict:
         "job_launch_ready_regex": "^step 1 ",
         "job_launch_min_uptime": 0.5,
         "job_launch_startup_timeout": 60,
-        "job_launch_stop_timeout": 10,
+        "job_launch_term_timeout": 10,
         "process_cleanup_match": [f"{script}\\b".replace(".", "\\.")],
         "process_cleanup_term_timeout": 5,
         "gpu_drain_gpus_required": False,

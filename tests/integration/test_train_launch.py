@@ -114,7 +114,7 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
 
     # stopped: nothing of the job left, no zombie of it; a second stop changes nothing.
     stop = {"name": "stop", "gpuops.relaunch.train_launch": {
-        "name": "job", "state": "stopped", "state_dir": target.state_dir, "stop_timeout": 5}}
+        "name": "job", "state": "stopped", "state_dir": target.state_dir, "term_timeout": 5}}
     stopped = target.play([stop]).result("stop")
     assert stopped["changed"] is True and stopped["running"] is False
     assert stopped["exit_code"] == 0 and stopped["exit_signal"] is None and stopped["ended_at"]
@@ -197,7 +197,7 @@ def test_stop_escalates_to_sigkill_and_ends_escaped_workers(local: Target, tmp_p
     assert table[worker].pgid != started["pgid"]  # it left the job's group ...
     assert table[worker].ppid == started["supervisor_pid"]  # ... but the subreaper adopted it
     stopped = local.play([{"name": "stop", "gpuops.relaunch.train_launch": {
-        "name": "job", "state": "stopped", "state_dir": local.state_dir, "stop_timeout": 1}}]).result("stop")
+        "name": "job", "state": "stopped", "state_dir": local.state_dir, "term_timeout": 1}}]).result("stop")
     assert stopped["changed"] is True and stopped["stop"]["escalated"] is True
     assert stopped["exit_signal"] == "SIGKILL"
     assert worker in stopped["stop"]["signalled"]
@@ -303,7 +303,7 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
         "job_launch_ready_regex": "^step 1 ",
         "job_launch_min_uptime": 0.5,
         "job_launch_startup_timeout": 20,
-        "job_launch_stop_timeout": 5,
+        "job_launch_term_timeout": 5,
     }
     start = {"name": "start via role", "ansible.builtin.include_role": {"name": "gpuops.relaunch.job_launch"},
              "vars": role_vars}
@@ -316,21 +316,24 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
     assert probe.rc == 0, probe.stdout[-3000:]
     assert probe.result("show")["job_launch_result"]["changed"] is True
     assert not (local.work / "logs").exists() and not Path(local.state_dir).exists()
-    # The grace is job_launch_term_timeout; job_launch_stop_timeout, its earlier name, still works.
+    # The grace is job_launch_term_timeout, its one name: job_launch_stop_timeout, a name never
+    # released, is not read (the module's default of 30 s applies).
+    without_grace = {key: value for key, value in role_vars.items() if key != "job_launch_term_timeout"}
     probes = []
-    for title, extra in (("new name", {"job_launch_term_timeout": 7}), ("old name", {})):
+    for title, probe_vars in (("term_timeout", dict(role_vars, job_launch_term_timeout=7)),
+                              ("stop_timeout", dict(without_grace, job_launch_stop_timeout=7))):
         stop_in_check_mode = {"name": "gpuops.relaunch.job_launch", "tasks_from": "stop", "apply": {"check_mode": True}}
         probes += [{"name": f"stop probe {title}", "ansible.builtin.include_role": stop_in_check_mode,
-                    "vars": dict(role_vars, **extra)},
+                    "vars": probe_vars},
                    {"name": f"show probe {title}", "ansible.builtin.debug": {"var": "job_launch_stop_result"}}]
     run = local.play([start, show, *probes, stop, show_stop])
     assert run.rc == 0, run.stdout[-3000:]
     launched = run.result("show")["job_launch_result"]
     local.remember(launched)
     assert launched["changed"] is True and launched["ready_line"].startswith("step 1 ")
-    assert launched["elapsed"] >= launched["ready_after"] > 0  # ready_after: the deprecated launch-to-proof part
-    assert run.result("show probe new name")["job_launch_stop_result"]["msg"].endswith("SIGKILL after 7s")
-    assert run.result("show probe old name")["job_launch_stop_result"]["msg"].endswith("SIGKILL after 5s")
+    assert launched["elapsed"] > 0 and "ready_after" not in launched  # elapsed: the one name for the seconds
+    assert run.result("show probe term_timeout")["job_launch_stop_result"]["msg"].endswith("SIGKILL after 7s")
+    assert run.result("show probe stop_timeout")["job_launch_stop_result"]["msg"].endswith("SIGKILL after 30s")
     stopped = run.result("show stop")["job_launch_stop_result"]
     assert stopped["changed"] is True and stopped["running"] is False
     assert launched["pid"] not in local.processes()

@@ -46,7 +46,7 @@ def play(ct, tmp_path: Path, tasks: list[dict]):
 
 def launch(name: str = "job", task: str = "launch", **options):
     args = {"name": name, "command": ["/usr/bin/python3", JOB_DEMO], "log_path": LOG, "state_dir": STATE_DIR,
-            "ready_regex": "^step 1 ", "min_uptime": 0.5, "startup_timeout": 20, "stop_timeout": 5}
+            "ready_regex": "^step 1 ", "min_uptime": 0.5, "startup_timeout": 20, "term_timeout": 5}
     args.update(options)
     return {"name": task, "gpuops.relaunch.train_launch": args}
 
@@ -116,9 +116,9 @@ def test_systemd_exit_code_survives_collect(container, tmp_path: Path) -> None:
 
 def test_systemd_sigkill_when_term_is_ignored(container, tmp_path: Path) -> None:
     start = launch(name="stubborn", command=["/usr/bin/python3", JOB_DEMO, "--ignore-term"],
-                   log_path="/var/log/stubborn.log", stop_timeout=1)
+                   log_path="/var/log/stubborn.log", term_timeout=1)
     assert play(container, tmp_path, [start]).result("launch")["backend"] == "systemd"
-    stop = stop_task("stubborn", stop_timeout=1)
+    stop = stop_task("stubborn", term_timeout=1)
     stopped = play(container, tmp_path, [stop]).result("stop")
     assert stopped["changed"] is True and stopped["exit_signal"] == "SIGKILL"
     assert stopped["stop"]["escalated"] is True

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, Iterable
+from typing import Any, Iterable
 
 
 class Escalation(Enum):
@@ -127,22 +127,13 @@ class Verdict:
 
 
 class Judged:
-    """A result that carries its findings as `judgement`.
-
-    `legacy_words` names each escalation in the deprecated ``verdict`` words of one module.
-    """
+    """A result that carries its findings as `judgement`."""
 
     judgement: Verdict
-    legacy_words: ClassVar[dict[Escalation, str]] = {}
 
     @property
     def escalation(self) -> Escalation:
         return self.judgement.escalation
-
-    @property
-    def verdict(self) -> str:
-        """The deprecated word for the escalation."""
-        return self.legacy_words[self.escalation]
 
     @property
     def reasons(self) -> list[str]:

@@ -12,8 +12,7 @@ At the deadline every process still on a GPU is described with the process model
 uninterruptible sleep and its wait channel -- or not visible at all, because NVML reports pids of
 the host's PID namespace and a container does not see those. From that follows, holder by holder
 and from those fields alone, what would help, in the collection's one vocabulary (:mod:`.verdict`):
-signals and reaping, only a container restart, or only the host. The words of earlier releases
-(released, held, needs_reboot, needs_host_action) are still returned as ``verdict`` (deprecated).
+signals and reaping, only a container restart, or only the host.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, Mapping
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import (
     check_poll_interval,
@@ -57,14 +56,6 @@ DEFAULT_BASELINE_MIB = 256.0
 # The inode of the initial PID namespace is fixed by the kernel (PROC_PID_INIT_INO).
 INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
 _DRIVER_WCHAN = re.compile(DEFAULT_DRIVER_WCHAN)
-
-# The deprecated `verdict` words of gpu_mem_wait, one per escalation (a name, not a ranking).
-LEGACY_VERDICT = {
-    Escalation.NONE: "released",
-    Escalation.SIGNALS: "held",
-    Escalation.CONTAINER_REBOOT: "needs_reboot",
-    Escalation.HOST_ACTION: "needs_host_action",
-}
 
 
 @dataclass(frozen=True)
@@ -229,7 +220,6 @@ class WaitOutcome(Judged):
     host_available_after: int | None = None
     holders: list[dict[str, Any]] = field(default_factory=list)
     judgement: Verdict = field(default_factory=Verdict)
-    legacy_words: ClassVar[dict[Escalation, str]] = LEGACY_VERDICT
 
     @property
     def released_mib(self) -> float:
@@ -257,7 +247,6 @@ class WaitOutcome(Judged):
     def as_dict(self) -> dict[str, Any]:
         return {
             "released": self.released,
-            "waited_s": round(self.waited_s, 3),
             "polls": self.polls,
             "gpus": self.gpus(),
             "released_mib": self.released_mib,
@@ -267,7 +256,6 @@ class WaitOutcome(Judged):
             "host_available_gib_after": _gib(self.host_available_after),
             "holders": self.holders,
             **self.judgement.as_dict(),
-            "verdict": self.verdict,
             "needs_reboot": self.escalation == Escalation.CONTAINER_REBOOT,
         }
 

@@ -249,8 +249,6 @@ class Executor:
         run = probe.run or backend.run_record(run_id)
         done.update(run_fields(run))
         done["ready_line"] = readiness.ready_line
-        # Deprecated name, kept for playbooks that read it: the launch-to-proof part of `elapsed`.
-        done["ready_after"] = round(readiness.waited, 3)
         if readiness.ready:
             self.records.remove(FAILED_START_FILE)
             done["running"] = True

@@ -21,7 +21,7 @@ and ``state=started`` judge liveness exactly as the stop path judges membership.
 A recorded pid that fails the proof (a recycled pid, a record restored or edited) is reported and
 ignored. The record's process group id is never used: a group is signalled member by member,
 each through the collection's one signal gate (protection, then the pinned identity). SIGTERM
-first, then, after stop_timeout, SIGKILL; each step polls the process table until the tree is gone.
+first, then, after term_timeout, SIGKILL; each step polls the process table until the tree is gone.
 """
 
 from __future__ import annotations
@@ -407,10 +407,10 @@ def _send(view: TreeView, gate: SignalGate, signum: signal.Signals, sent: set[tu
                 outcome.signalled.append(pid)
 
 
-def stop_tree(identity: JobIdentity, stop_timeout: float, proc_root: str = "/proc",
+def stop_tree(identity: JobIdentity, term_timeout: float, proc_root: str = "/proc",
               kill_wait: float = KILL_WAIT, supervisor_idle: Callable[[], bool] = lambda: False,
               control: ProcessControl | None = None) -> StopOutcome:
-    """SIGTERM, wait up to stop_timeout, SIGKILL, wait up to kill_wait; report what remains.
+    """SIGTERM, wait up to term_timeout, SIGKILL, wait up to kill_wait; report what remains.
 
     Members that appear while we wait (forked after a scan) get the current signal at the next poll.
     `control` stands in for the kernel's signalling primitives in tests.
@@ -418,7 +418,7 @@ def stop_tree(identity: JobIdentity, stop_timeout: float, proc_root: str = "/pro
     outcome = StopOutcome()
     view = look(identity, proc_root, supervisor_idle)
     outcome.ignored = view.ignored
-    for signum, seconds in ((signal.SIGTERM, stop_timeout), (signal.SIGKILL, kill_wait)):
+    for signum, seconds in ((signal.SIGTERM, term_timeout), (signal.SIGKILL, kill_wait)):
         if view.gone():
             return _finish(view, outcome)
         sent: set[tuple[int, int]] = set()

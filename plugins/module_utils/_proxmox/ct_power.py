@@ -166,7 +166,6 @@ class CtRebootResult:
     changed: bool
     status: str
     uptime: int
-    waited_s: float
     lock_waited_s: float = 0.0
     elapsed: float = 0.0
     node_slot: NodeSlot | None = None
@@ -185,8 +184,6 @@ class CtRebootResult:
             "status": self.status,
             "uptime": self.uptime,
             "elapsed": round(self.elapsed, 3),
-            # Deprecated name of `elapsed` (0 in check mode), kept for playbooks that read it.
-            "waited_s": round(self.waited_s, 3),
             "lock_waited_s": round(self.lock_waited_s, 3),
             "node_slot": self.node_slot.as_dict() if self.node_slot else None,
             "tasks": [task.as_dict() for task in self.tasks],
@@ -346,7 +343,6 @@ class CtRebooter:
             changed=True,
             status=before.status,
             uptime=before.uptime,
-            waited_s=0.0,
         )
         if check_mode:
             if before.lock and not request.skiplock:
@@ -399,7 +395,7 @@ class CtRebooter:
         result.status = after.status
         result.uptime = after.uptime
         result.hostname = after.hostname or result.hostname
-        result.waited_s = result.elapsed = time.monotonic() - begun
+        result.elapsed = time.monotonic() - begun
         result.warnings.extend(
             f"task {task.type} {task.upid} ended with {task.exitstatus}" for task in self.tasks if task.exitstatus != "OK"
         )

@@ -87,7 +87,7 @@ class TaskOutcome:
     upid: str
     type: str
     exitstatus: str | None
-    duration: float
+    elapsed: float
     log_tail: list[str] = field(default_factory=list)
 
     @property
@@ -95,10 +95,7 @@ class TaskOutcome:
         return task_succeeded(self.exitstatus)
 
     def as_dict(self) -> dict[str, Any]:
-        seconds = round(self.duration, 3)
-        # `duration` is the deprecated name of `elapsed`, kept for playbooks that read it.
-        return {"upid": self.upid, "type": self.type, "exitstatus": self.exitstatus, "elapsed": seconds,
-                "duration": seconds}
+        return {"upid": self.upid, "type": self.type, "exitstatus": self.exitstatus, "elapsed": round(self.elapsed, 3)}
 
 
 class TaskFailed(ProxmoxError):
@@ -115,7 +112,7 @@ class TaskTimeout(ProxmoxError):
 
     def __init__(self, outcome: TaskOutcome) -> None:
         self.outcome = outcome
-        super().__init__(f"task {outcome.type} {outcome.upid} still running after {outcome.duration:.1f}s")
+        super().__init__(f"task {outcome.type} {outcome.upid} still running after {outcome.elapsed:.1f}s")
 
 
 def _task_path(upid: str) -> str:

@@ -12,9 +12,6 @@ collection's one vocabulary, :mod:`.verdict`):
   this namespace did not reap within ``orphan_grace`` seconds (it was watched, not guessed).
 * ``signals``: signals and reaping clear it.
 * ``none``: nothing of the job and nothing that blocks a relaunch.
-
-The words of earlier releases (clean, reapable, needs_reboot, needs_host_action) are still
-returned as ``verdict`` (deprecated).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Pattern
+from typing import Any, Callable, Mapping, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
@@ -51,13 +48,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection im
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs, own_job_dir
 
-# The deprecated `verdict` words of zombie_facts, one per escalation (a name, not a ranking).
-LEGACY_VERDICT = {
-    Escalation.NONE: "clean",
-    Escalation.SIGNALS: "reapable",
-    Escalation.CONTAINER_REBOOT: "needs_reboot",
-    Escalation.HOST_ACTION: "needs_host_action",
-}
 ORPHAN_POLL_INTERVAL = 0.1
 # A reaping init takes an orphan within about 1.5 s; ten minutes is more than any play should watch.
 MAX_ORPHAN_GRACE = 600.0
@@ -110,7 +100,6 @@ class Assessment(Judged):
     judgement: Verdict = field(default_factory=Verdict)
     missing_pids: list[int] = field(default_factory=list)
     process_count: int = 0
-    legacy_words: ClassVar[dict[Escalation, str]] = LEGACY_VERDICT
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,7 +111,6 @@ class Assessment(Judged):
             "too_broad": self.too_broad,
             "gpu_holders": self.gpu_holders,
             **self.judgement.as_dict(),
-            "verdict": self.verdict,
             "missing_pids": self.missing_pids,
             "process_count": self.process_count,
         }

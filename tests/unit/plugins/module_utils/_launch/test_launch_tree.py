@@ -97,17 +97,17 @@ def test_sigterm_ends_a_cooperative_marked_tree(started) -> None:
     assert set(look(job).members) == {proc.pid, child}
     assert look(job).leader_running and leader_alive(job)
     reaper = reap_soon(proc)
-    outcome = stop_tree(job, stop_timeout=10)
+    outcome = stop_tree(job, term_timeout=10)
     assert outcome.gone and not outcome.escalated
     assert set(outcome.signalled) == {proc.pid, child}
     reaper.join(timeout=10)
     assert proc.returncode == -signal.SIGTERM
 
 
-def test_sigkill_after_stop_timeout(started) -> None:
+def test_sigkill_after_term_timeout(started) -> None:
     proc, _child = started("ignore")
     reaper = reap_soon(proc)
-    outcome = stop_tree(identity(proc), stop_timeout=0.5)
+    outcome = stop_tree(identity(proc), term_timeout=0.5)
     assert outcome.gone and outcome.escalated
     reaper.join(timeout=10)
     assert proc.returncode == -signal.SIGKILL
@@ -122,14 +122,14 @@ def test_a_record_naming_an_unmarked_process_is_ignored_and_reported(started) ->
     assert view.members == set() and not view.leader_running and not leader_alive(job)
     assert [entry["record"] for entry in view.ignored] == ["pid"]
     assert "does not carry this run's mark" in view.ignored[0]["reason"]
-    outcome = stop_tree(job, stop_timeout=0.2, kill_wait=0.2)
+    outcome = stop_tree(job, term_timeout=0.2, kill_wait=0.2)
     assert outcome.gone and outcome.signalled == [] and outcome.ignored == view.ignored
     assert alive(proc.pid) and alive(child)
 
 
 def test_another_runs_mark_is_not_this_runs(started) -> None:
     proc, child = started("term", env=marked_env("another-run"))
-    outcome = stop_tree(identity(proc), stop_timeout=0.2, kill_wait=0.2)
+    outcome = stop_tree(identity(proc), term_timeout=0.2, kill_wait=0.2)
     assert outcome.signalled == [] and alive(proc.pid) and alive(child)
 
 
@@ -137,7 +137,7 @@ def test_pid_1_and_the_modules_own_chain_in_a_record_are_never_signalled() -> No
     for pid in (1, os.getpid(), os.getppid()):
         job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, pid=pid, starttime=process_starttime(pid),
                           supervisor_pid=pid, supervisor_starttime=process_starttime(pid))
-        outcome = stop_tree(job, stop_timeout=0.2, kill_wait=0.2)
+        outcome = stop_tree(job, term_timeout=0.2, kill_wait=0.2)
         assert outcome.signalled == [] and outcome.gone
         assert {entry["record"] for entry in outcome.ignored} == {"pid", "supervisor_pid"}
 
@@ -145,7 +145,7 @@ def test_pid_1_and_the_modules_own_chain_in_a_record_are_never_signalled() -> No
 def test_a_marked_member_in_the_modules_own_group_is_spared_and_reported(started) -> None:
     # A helper of the job that runs Ansible puts the controller in the job's group and mark.
     proc, child = started("term", own_group=False)
-    outcome = stop_tree(identity(proc), stop_timeout=0.3, kill_wait=0.3)
+    outcome = stop_tree(identity(proc), term_timeout=0.3, kill_wait=0.3)
     assert outcome.signalled == [] and not outcome.gone
     assert {entry["pid"] for entry in outcome.remaining} == {proc.pid, child}
     assert all("process group of the Ansible process" in entry["protected"] for entry in outcome.remaining)

@@ -176,7 +176,7 @@ def test_the_stop_path_signals_only_proven_members(example) -> None:
         by_pid = {spec.pid: spec for spec in specs}
         kernel = RecordingKernel(fake, by_pid, recycle, survives_term)
         identity = JobIdentity.from_run(record, JOB_DIR)
-        outcome = stop_tree(identity, stop_timeout=0, proc_root=root, kill_wait=0, control=kernel)
+        outcome = stop_tree(identity, term_timeout=0, proc_root=root, kill_wait=0, control=kernel)
         allowed = proven_members(by_pid, record)
         delivered = {(pid, starttime) for pid, starttime, _sig in kernel.delivered}
         assert delivered <= allowed, (delivered - allowed, record)
