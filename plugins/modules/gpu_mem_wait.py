@@ -238,7 +238,8 @@ holders:
 escalation:
   description:
     - What it takes to free what is still held, in the collection's one vocabulary, least force
-      first (see the README's verdict table).
+      first (see
+      R(the verdict table in the relaunch guide,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table)).
     - V(none) (released); V(signals) (signals, reaping or more time can free it); V(container_reboot)
       (only a restart of the container clears it, e.g. a zombie holder its init never reaps);
       V(host_action) (a holder thread sleeps in the GPU driver, or the driver lists a pid that no

@@ -104,7 +104,8 @@ ansible_facts:
         escalation:
           description:
             - What it takes to clear what was found, in the collection's one vocabulary, least force
-              first (see the README's verdict table).
+              first (see
+              R(the verdict table in the relaunch guide,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table)).
           type: str
           choices: [none, signals, container_reboot, host_action]
           sample: signals
