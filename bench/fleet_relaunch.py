@@ -177,6 +177,17 @@ def relaunch(fleet: Fleet, size: int, kind: str) -> tuple[float, float, list[dic
             tasks_per_host(report))
 
 
+def reach(fleet: Fleet, size: int) -> tuple[float, float]:
+    """The floor: one play of one ``ansible.builtin.ping`` on the first `size` hosts (a worker, the
+    connection, one small module run per host). A relaunch costs at least one module run per host."""
+    play = fleet.work / "ping.json"
+    if not play.exists():
+        play.write_text(json.dumps([{"name": "Reach every host once", "hosts": "all", "gather_facts": False,
+                                     "tasks": [{"name": "Ping", "ansible.builtin.ping": {}}]}]), encoding="utf-8")
+    wall, cpu, _done = playbook(["-i", fleet.inventory(size), str(play)], fleet.work, f"ping-{size}")
+    return wall, cpu
+
+
 def stop_jobs(fleet: Fleet, name: str) -> None:
     """Stop every host's job with train_launch state=stopped (not timed)."""
     play = fleet.work / "stop.json"
@@ -234,6 +245,11 @@ def report(sizes: tuple[int, int], walls: dict, cpus: dict, tasks: dict, repeat:
         print(f"  {kind}: the {many}-container run used {cn:.1f} CPU s in {wn:.1f} s of wall time "
               f"({cn / wn:.2f} CPUs busy on average of {cpus_online}); its CPU alone needs at least "
               f"{cn / cpus_online:.1f} s here, {cn / cpus_online / median(walls[kind, one]):.2f}x the 1-container wall time.")
+    ping_host = (median(cpus["ping", many]) - median(cpus["ping", one])) / (many - 1)
+    print(f"\nthe floor, one ansible.builtin.ping per host: {ping_host:.2f} CPU s per extra host "
+          f"(16 vs 1: {median(walls['ping', many]) / median(walls['ping', one]):.2f}x wall); a no-op relaunch costs "
+          f"{(median(cpus['no-op', many]) - median(cpus['no-op', one])) / (many - 1) / ping_host:.1f}x that per host, "
+          f"a first relaunch {(median(cpus['first', many]) - median(cpus['first', one])) / (many - 1) / ping_host:.1f}x.")
     print("  The ratio is bound by CPU on a machine with few cores: forks run in parallel only as far as"
           " there are cores for the controller's workers and the modules (CPU s above counts both;"
           " the jobs themselves are not counted).")
@@ -270,6 +286,9 @@ def main() -> None:
         fleet.start()
         for round_no in range(repeat):
             for size in sizes:
+                wall, cpu = reach(fleet, size)
+                walls.setdefault(("ping", size), []).append(wall)
+                cpus.setdefault(("ping", size), []).append(cpu)
                 stop_jobs(fleet, f"stop-{round_no}-{size}")
                 for kind in ("first", "no-op"):
                     wall, cpu, seconds, ran = relaunch(fleet, size, kind)
