@@ -25,15 +25,22 @@ import pytest
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import connection_loader, init_plugin_loader
+from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 
 REPO = Path(__file__).resolve().parents[4]
 PLUGIN_DIR = REPO / "plugins" / "connection"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _plugin_loader() -> None:
+def _plugin_loader() -> Iterator[None]:
     init_plugin_loader([])
     connection_loader.add_directory(str(PLUGIN_DIR))
+    yield
+    # The collection finder init_plugin_loader installed answers every later ``ansible_collections``
+    # import in this process and knows nothing of the checkout imported through sys.path: the unit
+    # tests after this module could not import gpuops.relaunch's modules ("collection metadata was
+    # not loaded"). Take it out again.
+    _AnsibleCollectionFinder._remove()  # pylint: disable=protected-access
 
 
 def load():
