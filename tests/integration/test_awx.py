@@ -574,7 +574,7 @@ def test_relaunch_through_ansible_runner_as_awx_resets_the_container(lab, pct_ho
 
     # The job launched after the reboot, and it outlived the AWX job's namespace.
     launches = [e for e in _task_events(events, task=LAUNCH_TASK, kinds=("runner_on_ok",))
-                if e["event_data"].get("role") == "job_launch"]
+                if e["event_data"].get("role") == "relaunch"]
     assert launches and launches[-1]["event_data"]["res"]["changed"] is True, [e["event_data"]["res"] for e in launches]
     launch = launches[-1]["event_data"]["res"]
     assert launch["backend"] == "supervisor" and launch["ready_line"].startswith("step 1 ")
