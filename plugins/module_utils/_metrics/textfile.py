@@ -1,0 +1,344 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A relaunch's evidence as a node_exporter textfile: the Prometheus text format, written whole or not at all.
+
+:func:`job_metrics` turns a host's relaunch summary (``plugin_utils/relaunch_flow.host_summary``) and
+the GPUs' memory at the last look into metric families; :func:`render` writes them in the text
+exposition format (HELP and TYPE lines, label values escaped, families and samples in a fixed order,
+no sample timestamps: the textfile collector refuses them); :func:`write_textfile` puts the text in
+place on the target.
+
+What is not known (no progress line, no drain this run, a step that is not a number) is left out
+rather than guessed, and a value that is not finite (NaN, infinity) is never written: Prometheus
+would take it, and an alert such as ``> 600`` would then silently never fire.
+
+The writer walks the directory from ``/`` (``_base/safepath``: a symlink on the way only where
+nobody but root can change it), never creates it (it is the collector's, and a typo must not make a
+directory nobody scrapes), and replaces the file through a temporary file in the same directory
+(``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0644, fsync) renamed over it: the collector never reads half a
+file, and a symlink planted at the file's name is replaced, never followed.
+
+Standard library only, and the collection's own vocabulary (``_base/verdict``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.safepath import (
+    NotRegularFile,
+    UnsafePath,
+    lstat_at,
+    open_regular_at,
+    walk,
+    why_not_writable,
+    write_atomic_at,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import ESCALATION_WORDS, HEALTH_WORDS
+
+# What this run did: relaunch_decision's actions (none, relaunch, refused), or failed (a step failed,
+# whatever was decided).
+ACTION_WORDS = ("none", "relaunch", "refused", "failed")
+FILE_PREFIX = "gpuops_relaunch_"
+FILE_SUFFIX = ".prom"
+# The one sample that differs on every run; `changed` looks past it.
+TIMESTAMP_METRIC = "gpuops_relaunch_last_run_timestamp_seconds"
+# A job name longer than this cannot be a file name (NAME_MAX is 255 bytes with the prefix and hash).
+MAX_JOB_NAME = 200
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# More than any file this module writes: an existing file larger than this is compared as changed.
+_MAX_READ = 1 << 20
+
+
+class MetricsWriteError(Exception):
+    """The textfile could not be read or written; str() says where and why."""
+
+
+# --- the families -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Family:
+    """One metric: its name, its help, and its samples (labels in order, value), all gauges."""
+
+    name: str
+    help: str
+    samples: list[tuple[tuple[tuple[str, str], ...], float]] = field(default_factory=list)
+
+    def add(self, value: float | None, **labels: str) -> None:
+        """One sample; a value that is None or not finite is left out."""
+        if value is None or not math.isfinite(value):
+            return
+        self.samples.append((tuple(labels.items()), float(value)))
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise BadOption("summary", f"{where} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _number(value: Any, where: str, option: str = "summary") -> float | None:
+    """A finite or non-finite float from a number or its text; None for none; BadOption for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadOption(option, f"{where} must be a number, got a boolean")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise BadOption(option, f"{where} must be a number, got {value!r}")
+
+
+def _non_negative(value: float | None) -> float | None:
+    return value if value is not None and value >= 0 else None
+
+
+def _step(value: Any) -> float | None:
+    """A progress step as a number, where the log's step is one ("1200", "1.2e3"); else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _epoch(value: Any) -> float | None:
+    """Seconds since the epoch from an ISO 8601 time with its offset (train_launch's last_progress_at)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None  # a time without its offset could be any of 24 hours
+    return moment.timestamp()
+
+
+def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]], now: float) -> list[Family]:
+    """The metric families of one job on one host, from its relaunch summary and its GPUs' memory.
+
+    `summary` is relaunch_summary's (health, relaunch_guard, action, failed, found, container_reset,
+    gpu_released); a key that is missing is not known. `gpus` holds one mapping per GPU: ``index``
+    and/or ``uuid``, and ``used_mib`` (or gpu_mem_wait's ``used_mib_after``). `now` is the run's time
+    (seconds since the epoch). BadOption (naming ``summary`` or ``gpus``) for a value of the wrong kind.
+    """
+    health = _mapping(summary.get("health"), "health")
+    guard = _mapping(summary.get("relaunch_guard"), "relaunch_guard")
+    labels = {"job": job}
+
+    state = health.get("state")
+    health_family = Family("gpuops_job_health",
+                           "1 for the health this run's probe saw (train_launch), 0 for the others; all 0 when it did not answer.")
+    for word in HEALTH_WORDS:
+        health_family.add(1.0 if state == word else 0.0, job=job, state=word)
+
+    since = Family("gpuops_job_seconds_since_progress", "Seconds since the job's last progress line, when the probe looked.")
+    since.add(_non_negative(_number(health.get("since_progress"), "health.since_progress")), **labels)
+    progress_at = Family("gpuops_job_last_progress_timestamp_seconds",
+                         "When the job's last progress line was first seen, in seconds since the epoch.")
+    progress_at.add(_non_negative(_epoch(health.get("last_progress_at"))), **labels)
+    step = Family("gpuops_job_last_step", "The step of the job's last progress line, where it is a number.")
+    step.add(_step(health.get("last_step")), **labels)
+
+    recent = Family("gpuops_job_recent_relaunches", "Relaunches the crash-loop guard counts in its window.")
+    recent.add(_non_negative(_number(guard.get("recent"), "relaunch_guard.recent")), **labels)
+    limit = Family("gpuops_job_relaunch_limit", "The crash-loop guard's limit (max_relaunches in relaunch_window), where one is set.")
+    limit.add(_non_negative(_number(guard.get("max_relaunches"), "relaunch_guard.max_relaunches")), **labels)
+
+    last_run = Family(TIMESTAMP_METRIC, "When this relaunch run wrote the file, in seconds since the epoch.")
+    last_run.add(now, **labels)
+    action = "failed" if summary.get("failed") else str(summary.get("action") or "none")
+    actions = Family("gpuops_relaunch_last_action", "1 for what this run did (none, relaunch, refused, failed), 0 for the others.")
+    for word in ACTION_WORDS:
+        actions.add(1.0 if action == word else 0.0, job=job, action=word)
+
+    found = summary.get("found")
+    found_family = Family("gpuops_relaunch_found",
+                          "What it takes to clear what the clean-up found (escalation), 1 for it and 0 for the others; "
+                          "only when the clean-up looked.")
+    if found in ESCALATION_WORDS:
+        for word in ESCALATION_WORDS:
+            found_family.add(1.0 if found == word else 0.0, job=job, escalation=word)
+
+    reset = Family("gpuops_relaunch_container_reset", "1 when this run rebooted the container, 0 when it did not.")
+    if "container_reset" in summary:
+        reset.add(1.0 if summary.get("container_reset") else 0.0, **labels)
+    released = Family("gpuops_relaunch_gpu_released", "1 when the drain's last look found the GPUs released, 0 when not; "
+                      "only when a drain ran.")
+    if summary.get("gpu_released") is not None:
+        released.add(1.0 if summary.get("gpu_released") else 0.0, **labels)
+
+    memory = Family("gpuops_gpu_memory_used_mib", "GPU memory used at the drain's last look, in MiB.")
+    for gpu, uuid, used in _gpu_rows(gpus):
+        memory.add(used, job=job, gpu=gpu, uuid=uuid)
+
+    return [health_family, since, progress_at, step, recent, limit, last_run, actions, found_family, reset, released,
+            memory]
+
+
+def _gpu_rows(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float | None]]:
+    """(gpu label, uuid, used MiB) per GPU, ordered by index; BadOption naming `gpus` for a bad entry."""
+    if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
+        raise BadOption("gpus", f"must be a list of mappings, got {type(gpus).__name__}")
+    rows: list[tuple[tuple[float, str], str, str, float | None]] = []
+    for position, gpu in enumerate(gpus):
+        if not isinstance(gpu, Mapping):
+            raise BadOption("gpus", f"element {position} must be a mapping, got {type(gpu).__name__}")
+        index = gpu.get("index")
+        uuid = "" if gpu.get("uuid") is None else str(gpu.get("uuid"))
+        if index is None and not uuid:
+            raise BadOption("gpus", f"element {position} has neither an index nor a uuid")
+        number = _number(index, f"element {position}'s index", "gpus") if index is not None else None
+        if number is not None and not (math.isfinite(number) and number >= 0 and number == int(number)):
+            raise BadOption("gpus", f"element {position}'s index must be a whole number of 0 or more, got {index!r}")
+        label = str(int(number)) if number is not None else uuid
+        used = gpu.get("used_mib", gpu.get("used_mib_after"))
+        rows.append(((number if number is not None else math.inf, uuid), label, uuid,
+                     _non_negative(_number(used, f"element {position}'s used_mib", "gpus"))))
+    labels = [label for _key, label, _uuid, _used in rows]
+    doubled = sorted({label for label in labels if labels.count(label) > 1})
+    if doubled:
+        raise BadOption("gpus", f"GPU {', '.join(doubled)} is listed more than once")
+    return [(label, uuid, used) for _key, label, uuid, used in sorted(rows, key=lambda row: row[0])]
+
+
+# --- the text format --------------------------------------------------------------------------------
+
+
+def escape_label_value(value: str) -> str:
+    """A label value as the text format quotes it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    """A finite sample value: a whole number without a fraction, anything else as Python's shortest repr."""
+    if value == int(value) and abs(value) < 2 ** 53:
+        return str(int(value))
+    return repr(value)
+
+
+def render(families: Iterable[Family]) -> str:
+    """The text exposition format of `families`, in their order; a family without samples is left out."""
+    lines: list[str] = []
+    for family in families:
+        if not family.samples:
+            continue
+        lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
+        lines.append(f"# TYPE {family.name} gauge")
+        for labels, value in family.samples:
+            pairs = ",".join(f'{name}="{escape_label_value(text)}"' for name, text in labels)
+            lines.append(f"{family.name}{{{pairs}}} {format_value(value)}" if pairs else f"{family.name} {format_value(value)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def comparable(text: str) -> str:
+    """`text` without the run's timestamp sample: what `changed` compares."""
+    # Lines end at "\n" only, as the format says: a "\r" in a label value is part of the value.
+    return "\n".join(line for line in text.split("\n")
+                     if not line.startswith((TIMESTAMP_METRIC + "{", TIMESTAMP_METRIC + " ")))
+
+
+# --- the file ---------------------------------------------------------------------------------------
+
+
+def file_name(job: str) -> str:
+    """gpuops_relaunch_JOB.prom; a name with characters outside [A-Za-z0-9_.-] has each replaced by _
+    and a hash of the whole name appended, so two jobs never share a file. BadOption naming ``job``
+    for an empty name or one too long for a file name."""
+    if not isinstance(job, str) or not job:
+        raise BadOption("job", "must be a non-empty job name")
+    if len(job) > MAX_JOB_NAME:
+        raise BadOption("job", f"is {len(job)} characters long; at most {MAX_JOB_NAME} make a file name")
+    safe = _UNSAFE.sub("_", job)
+    if safe != job:
+        digest = hashlib.sha256(job.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        safe = f"{safe}-{digest}"
+    return f"{FILE_PREFIX}{safe}{FILE_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class Written:
+    """What write_textfile did: the path, whether anything but the timestamp differs, whether it wrote,
+    and the text that was there before (None: no regular file was there)."""
+
+    path: str
+    changed: bool
+    written: bool
+    before: str | None
+
+
+def write_textfile(directory: str, name: str, text: str, check_mode: bool = False) -> Written:
+    """Replace DIRECTORY/NAME with `text` (mode 0644) unless `check_mode`; see the module docstring.
+
+    MetricsWriteError when the directory is not an existing directory reached safely, is not
+    writable, or the write fails; nothing is left half-written.
+    """
+    path = os.path.join(directory, name)
+    data = text.encode("utf-8", "replace")
+    try:
+        with walk(directory, listable=True) as parent:
+            before = _read_regular(parent.fd, name)
+            changed = before is None or comparable(before) != comparable(data.decode("utf-8"))
+            if check_mode:
+                return Written(path, changed, False, before)
+            why = why_not_writable(parent.fd)
+            if why:
+                raise MetricsWriteError(f"{directory} {why}")
+            write_atomic_at(parent.fd, name, data, 0o644)
+            # The rename is on disk too: after a crash the collector finds the old file or the new one.
+            os.fsync(parent.fd)
+    except UnsafePath as exc:
+        raise MetricsWriteError(f"{directory}: {exc}") from None
+    except FileNotFoundError:
+        raise MetricsWriteError(f"{directory} does not exist (it is the textfile collector's directory: "
+                                f"it is not created here)") from None
+    except OSError as exc:
+        raise MetricsWriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return Written(path, changed, True, before)
+
+
+def _read_regular(dir_fd: int, name: str) -> str | None:
+    """The text of NAME if it is a regular file of ours to compare with; None for nothing, a symlink
+    (never followed), anything else, or a file too large to be one this module wrote."""
+    info = lstat_at(dir_fd, name)
+    if info is None or not stat.S_ISREG(info.st_mode):
+        return None
+    try:
+        fd = open_regular_at(dir_fd, name, os.O_RDONLY)
+    except (NotRegularFile, OSError):
+        return None
+    try:
+        chunks = []
+        size = 0
+        while size <= _MAX_READ:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > _MAX_READ:
+            return None
+        return b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
