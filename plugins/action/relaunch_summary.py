@@ -1,6 +1,7 @@
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Action for gpuops.relaunch.relaunch_summary: one host's summary, as a fact, set_stats data and JSON."""
+"""Action for gpuops.relaunch.relaunch_summary: one host's summary, as a fact, set_stats data and JSON,
+and with metrics_dir a node_exporter textfile on the target (module gpuops.relaunch.relaunch_metrics)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,16 @@ ARGUMENT_SPEC = {
     "rank": {"type": "dict"},
     "job_name": {"type": "str", "default": ""},
     "summary_dir": {"type": "str", "default": ""},
+    "metrics_dir": {"type": "str", "default": ""},
     "fail_host": {"type": "bool", "default": True},
 }
 
 
 class ActionModule(ActionBase):
-    """Runs on the controller only; writes nothing on the target."""
+    """Runs on the controller; with metrics_dir it also runs relaunch_metrics on the target (the same
+    connection, no task more: a no-op relaunch stays at its few tasks per host)."""
 
     TRANSFERS_FILES = False
-    _requires_connection = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         task_vars = task_vars or {}
@@ -49,7 +51,30 @@ class ActionModule(ActionBase):
                 result["summary_path"] = write_report(args["summary_dir"], f"{host}.json", summary)
             except ReportError as exc:
                 return dict(result, failed=True, msg=f"summary_dir: {exc}")
+        if args["metrics_dir"]:
+            problem = self._write_metrics(args["metrics_dir"], args["job_name"], summary, task_vars, result)
+            if problem:
+                return dict(result, failed=True, msg=f"metrics_dir: {problem}")
         failure = failure_message(summary, args["job_name"])
         if args["fail_host"] and failure:
             result.update(failed=True, msg=failure)
         return result
+
+    def _write_metrics(self, directory: str, job: str, summary: dict[str, Any], task_vars: dict[str, Any],
+                       result: dict[str, Any]) -> str | None:
+        """Run relaunch_metrics on the target (check mode: it writes nothing); what went wrong, or None."""
+        if not job:
+            return "needs job_name (the job label and the file name)"
+        answer = self._execute_module(
+            module_name="gpuops.relaunch.relaunch_metrics",
+            module_args={"dir": directory, "job": job, "summary": summary, "gpus": summary.get("gpus") or []},
+            task_vars=task_vars,
+        )
+        if answer.get("failed") or answer.get("unreachable") or "path" not in answer:
+            why = str(answer.get("msg") or "relaunch_metrics returned no path")
+            # The module names its own option (dir: ...); here that is metrics_dir itself.
+            return why[len("dir: "):] if why.startswith("dir: ") else f"relaunch_metrics on the target: {why}"
+        # A report, as the JSON of summary_dir is: the summary task stays unchanged (a no-op run is
+        # changed=0); metrics_changed says whether anything but the run's timestamp differs.
+        result.update(metrics_path=answer["path"], metrics_changed=bool(answer.get("changed")))
+        return None

@@ -17,6 +17,10 @@ description:
     (C(relaunch_summary), keyed by host, aggregated), and with O(summary_dir) writes it to DIR/HOST.json on the
     controller (a temporary file renamed into place, mode 0644).
   - >-
+    With O(metrics_dir), also writes the summary as a Prometheus textfile for node_exporter on the target
+    (DIR/gpuops_relaunch_JOB.prom), by running M(gpuops.relaunch.relaunch_metrics) there over the task's connection:
+    no task more. A failure to write it fails the host, naming O(metrics_dir).
+  - >-
     With O(fail_host), fails when a step failed or the crash-loop guard refused (the summary is then in the failed
     result only: Ansible applies no facts or stats of a failed task).
 author:
@@ -46,20 +50,33 @@ options:
     description: When set, also write the summary to DIR/HOST.json on the controller (the directory is created).
     type: str
     default: ""
+  metrics_dir:
+    description:
+      - When set, also write the metrics of this summary to DIR/gpuops_relaunch_JOB.prom on the target (JOB is O(job_name)),
+        for node_exporter's textfile collector, with M(gpuops.relaunch.relaunch_metrics). The directory must exist.
+      - The file is rewritten on every run (in check mode it is not written); it is a report, so the task stays unchanged
+        (RV(metrics_changed) says whether anything but the run's timestamp differs).
+      - See R(the metrics guide,ansible_collections.gpuops.relaunch.docsite.guide_metrics).
+    type: str
+    default: ""
+    version_added: 0.2.0
   fail_host:
     description: Fail when a step failed or the crash-loop guard refused.
     type: bool
     default: true
 attributes:
   action:
-    description: Runs on the controller as an action plugin; nothing runs on the target.
+    description:
+      - Runs on the controller as an action plugin; nothing runs on the target, except M(gpuops.relaunch.relaunch_metrics)
+        when O(metrics_dir) is set.
     support: full
   platform:
     platforms: all
     details:
-      - The controller only; it needs no connection to the target.
+      - The controller; the target too (POSIX) when O(metrics_dir) is set.
 seealso:
   - module: gpuops.relaunch.train_launch
+  - module: gpuops.relaunch.relaunch_metrics
 notes:
   - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
     C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
@@ -78,11 +95,14 @@ EXAMPLES = r"""
 RETURN = r"""
 summary:
   description:
-    - C(host), C(check_mode), C(status) (V(relaunched), V(unchanged), V(refused), V(failed), V(would_relaunch)),
+    - >-
+      C(host), C(check_mode), C(status) (V(relaunched), V(unchanged), V(refused), V(failed), V(would_relaunch)),
       C(relaunched), C(would_relaunch), C(action), C(failed), C(why), C(health), C(incident), C(resumed),
       C(relaunch_guard), C(found) (the clean-up's first escalation, or "not looked"), C(reasons), C(ended) (pids),
-      C(gpu_released_mib), C(container_reset), C(job) (operation, pid, log_path, ready_line), C(seconds) (per phase
-      that ran (stop, cleanup, drain, container_reset, launch), the modules' own elapsed time, and C(rank).
+      C(gpu_released_mib), C(gpu_released) (the drain's last look: released or not; null without a drain), C(gpus) (each
+      GPU's C(index), C(uuid), C(name), C(total_mib) and C(used_mib) at that look; empty without a drain),
+      C(container_reset), C(job) (operation, pid, log_path, ready_line), C(seconds) (per phase that ran (stop, cleanup,
+      drain, container_reset, launch), the modules' own elapsed time, and C(rank).
     - Also RV(msg), the fact C(relaunch_summary) and set_stats C(relaunch_summary).
   returned: always
   type: dict
@@ -90,6 +110,18 @@ summary_path:
   description: The JSON file written.
   returned: when O(summary_dir) is set
   type: str
+metrics_path:
+  description: The metrics file written on the target (in check mode, the one that would be).
+  returned: when O(metrics_dir) is set and the metrics were written
+  type: str
+  sample: /var/lib/prometheus/node-exporter/gpuops_relaunch_llm-pretrain.prom
+  version_added: 0.2.0
+metrics_changed:
+  description: Whether the metrics file differs from the one that was there in anything but the run's timestamp.
+  returned: when O(metrics_dir) is set and the metrics were written
+  type: bool
+  sample: false
+  version_added: 0.2.0
 msg:
   description: The summary (so that it shows without -v), or the failure message.
   returned: always

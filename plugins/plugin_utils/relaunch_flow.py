@@ -266,6 +266,10 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         "ended": [entry.get("pid") for entry in (cleanup.get("ended") or []) + (cleanup_again.get("ended") or [])
                   if isinstance(entry, Mapping)],
         "gpu_released_mib": (drain_again or drain).get("released_mib"),
+        # The drain's last look (after a container reset, the drain after it): released or not, and
+        # each GPU's memory; null and [] where no drain ran.
+        "gpu_released": _released(drain_again or drain),
+        "gpus": _gpus(drain_again or drain),
         "container_reset": bool(reset.get("changed", False)),
         "job": {"operation": job.get("operation"), "pid": job.get("pid"), "log_path": job.get("log_path"),
                 "ready_line": job.get("ready_line")},
@@ -279,6 +283,23 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     # What the fleet summary calls it (relaunched, unchanged, refused, failed, would_relaunch).
     summary["status"] = fleet_status(summary)
     return summary
+
+
+def _released(drain: Mapping[str, Any]) -> bool | None:
+    released = drain.get("released")
+    return released if isinstance(released, bool) else None
+
+
+GPU_KEYS = ("index", "uuid", "name", "total_mib")
+
+
+def _gpus(drain: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each GPU of gpu_mem_wait's `gpus`: index, uuid, name, total_mib and used_mib at its last look."""
+    gpus = drain.get("gpus")
+    if not isinstance(gpus, list):
+        return []
+    return [dict({key: gpu.get(key) for key in GPU_KEYS}, used_mib=gpu.get("used_mib_after"))
+            for gpu in gpus if isinstance(gpu, Mapping)]
 
 
 def _phase_seconds(stop: Mapping[str, Any], cleanup: Iterable[Mapping[str, Any]], drain: Iterable[Mapping[str, Any]],

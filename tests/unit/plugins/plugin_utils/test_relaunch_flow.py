@@ -142,6 +142,36 @@ def test_the_host_summary_has_native_types_and_every_key():
     json.dumps(summary)  # nothing that is not JSON
 
 
+def test_the_summary_keeps_the_last_drains_gpus():
+    results = full_results()
+    gpu = {"index": 0, "uuid": "GPU-a", "name": "H100", "total_mib": 81559.0, "reserved_mib": 527.0,
+           "used_mib_before": 40960.0, "used_mib_after": 12.0, "processes": []}
+    results["drain"]["gpus"] = [gpu]
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["gpu_released"] is True
+    assert summary["gpus"] == [{"index": 0, "uuid": "GPU-a", "name": "H100", "total_mib": 81559.0, "used_mib": 12.0}]
+    # After a container reset, the drain after it is the last look.
+    results["drain"]["released"] = False
+    results["drain_again"] = {"released": True, "gpus": [dict(gpu, used_mib_after=0.0)]}
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["gpu_released"] is True and summary["gpus"][0]["used_mib"] == 0.0
+    # A drain that failed still says what it saw.
+    results["drain_again"] = {"failed": True, "released": False, "gpus": [dict(gpu, used_mib_after=40000.0)]}
+    summary = host_summary("h1", False, results, "Wait for the GPUs: held", None)
+    assert summary["gpu_released"] is False and summary["gpus"][0]["used_mib"] == 40000.0
+    json.dumps(summary)
+
+
+def test_without_a_drain_the_gpus_are_not_known():
+    results = full_results()
+    results["drain"] = {"skipped": True}
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["gpu_released"] is None and summary["gpus"] == []
+    results["drain"] = {"released": "yes", "gpus": "GPU-a"}  # not gpu_mem_wait's answer: not guessed at
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["gpu_released"] is None and summary["gpus"] == []
+
+
 def test_a_noop_summary_says_nothing_was_looked_at():
     results = {"probe": {"health": {"state": "running", "reason": "ok"}, "operation": "none", "pid": 88, "elapsed": 0.2},
                "decision": {"action": "none", "why": "left alone"}}
