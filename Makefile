@@ -9,10 +9,12 @@ BUILD     := .build
 COLL_LINK := $(BUILD)/collections/ansible_collections/gpuops/relaunch
 SANITY    := $(BUILD)/sanity/ansible_collections/gpuops/relaunch
 APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev
+PROM      := $(BUILD)/prometheus
+PROMTOOL  := $(PROM)/usr/bin/promtool
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup apt venv collection demo test pytest sanity lint docs-lint molecule matrix bench clean
+.PHONY: setup apt venv collection prometheus-tools demo test pytest sanity lint docs-lint rules-test molecule matrix bench clean
 
 setup: apt venv collection
 
@@ -37,6 +39,20 @@ $(VENV)/.installed: requirements/controller.txt requirements/test.txt requiremen
 	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/test.txt
 	@touch $@
 
+# Debian's prometheus (for promtool) and prometheus-node-exporter, unpacked under .build/prometheus
+# (usr/bin/promtool, usr/bin/prometheus-node-exporter) with dpkg-deb -x: no maintainer script runs,
+# nothing is installed system-wide and no daemon starts. rules-test and the metrics tests use them.
+prometheus-tools: $(PROM)/.stamp
+$(PROM)/.stamp:
+	rm -rf $(PROM) && mkdir -p $(PROM)/debs
+	@# apt-get download as root warns that _apt cannot write the folder; the download is the same.
+	cd $(PROM)/debs && { apt-get download -qq prometheus prometheus-node-exporter 2>/dev/null \
+	  || { apt-get update -qq && apt-get download -qq prometheus prometheus-node-exporter; }; }
+	for deb in $(PROM)/debs/*.deb; do dpkg-deb -x "$$deb" $(PROM); done
+	rm -rf $(PROM)/debs
+	$(PROMTOOL) --version >/dev/null && $(PROM)/usr/bin/prometheus-node-exporter --version >/dev/null 2>&1
+	@touch $@
+
 # Ansible finds this checkout as gpuops.relaunch through ansible.cfg's collections_path.
 collection: $(COLL_LINK)
 $(COLL_LINK):
@@ -46,7 +62,7 @@ $(COLL_LINK):
 demo: setup
 	$(BIN)/ansible-playbook -i playbooks/inventory/demo.yml playbooks/demo.yml
 
-pytest: setup
+pytest: setup prometheus-tools
 	@# Exit code 5 means "no tests collected": that is a failure here, never a pass.
 	$(PY) -m pytest tests/unit tests/integration
 
@@ -69,6 +85,11 @@ docs-lint: setup
 	$(BIN)/antsibull-changelog lint
 	$(BIN)/antsibull-docs lint-collection-docs --plugin-docs $(COLL_LINK)
 
+# The alert rules of extensions/prometheus/: promtool checks them and runs their unit tests.
+rules-test: prometheus-tools
+	$(PROMTOOL) check rules extensions/prometheus/rules/*.yml
+	$(PROMTOOL) test rules extensions/prometheus/tests/*.yml
+
 # The Molecule scenarios (extensions/molecule/): each creates a PID namespace whose init never reaps
 # (container_reset: a real LXC container behind fakepve), runs a role in it over
 # community.docker.nsenter (converge, idempotence, verify) and destroys it.
@@ -82,7 +103,7 @@ molecule: setup
 matrix: setup
 	$(PY) tools/matrix.py
 
-test: pytest sanity lint docs-lint molecule matrix
+test: pytest sanity lint docs-lint rules-test molecule matrix
 
 bench: setup
 	$(PY) bench/scan_vs_ps.py

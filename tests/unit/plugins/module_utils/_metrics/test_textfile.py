@@ -347,3 +347,10 @@ def test_a_directory_reached_through_a_link_another_user_can_change_is_refused(t
         write_textfile(str(home / "link"), "m.prom", "x 1\n")
     assert list(target.iterdir()) == []
 
+
+
+def test_every_metric_the_alert_rules_read_is_one_that_is_written():
+    rules = Path(__file__).resolve().parents[5] / "extensions" / "prometheus" / "rules" / "gpuops.rules.yml"
+    read = set(re.findall(r"\bgpuops_[a-z_]+\b", rules.read_text(encoding="utf-8")))
+    written = {family.name for family in job_metrics("j", {}, [], NOW)}
+    assert read and read <= written, sorted(read - written)
