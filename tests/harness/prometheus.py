@@ -1,0 +1,133 @@
+"""Real Prometheus parts for tests: Debian's promtool and node_exporter, unpacked by `make prometheus-tools`.
+
+:func:`check_metrics` runs ``promtool check metrics`` on a textfile; :func:`node_exporter` starts the
+real node_exporter with the textfile collector only, on a free loopback port, waits (polling, with a
+deadline) until it answers, and stops it by the pid it recorded; :func:`parse_exposition` reads the
+text format as Prometheus does (label values unescaped, lines ending at a newline only).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.harness.procstates import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+PROM_BIN = REPO / ".build" / "prometheus" / "usr" / "bin"
+PROMTOOL = PROM_BIN / "promtool"
+NODE_EXPORTER = PROM_BIN / "prometheus-node-exporter"
+INSTALL = "make prometheus-tools"
+
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)(?: \S+)?$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)",?')
+
+Series = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def require(*binaries: Path) -> None:
+    """Skip the test, naming the make target, where the unpacked binaries are missing."""
+    missing = [str(binary.relative_to(REPO)) for binary in binaries if not binary.is_file()]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing: run `{INSTALL}`")
+
+
+def check_metrics(path: Path) -> subprocess.CompletedProcess:
+    """promtool check metrics < PATH (rc 0: the text format, and promtool's lint, accept it)."""
+    require(PROMTOOL)
+    with open(path, "rb") as stream:
+        return subprocess.run([str(PROMTOOL), "check", "metrics"], stdin=stream, capture_output=True, text=True,
+                              timeout=60, check=False)
+
+
+def parse_exposition(text: str) -> dict[Series, float]:
+    """{(name, sorted (label, value) pairs): value} of every sample; comments skipped."""
+    samples: dict[Series, float] = {}
+    for line in text.split("\n"):
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        pairs = [(name, re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), raw))
+                 for name, raw in _LABEL.findall(match["labels"] or "")]
+        samples[(match["name"], tuple(sorted(pairs)))] = float(match["value"])
+    return samples
+
+
+def sample(samples: dict[Series, float], name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def names(samples: dict[Series, float]) -> set[str]:
+    return {name for name, _labels in samples}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Exporter:
+    """A running node_exporter: its pid and its /metrics URL."""
+
+    pid: int
+    url: str
+    log: Path
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(self.url, timeout=10) as response:  # noqa: S310 - loopback only
+            return response.read().decode("utf-8")
+
+    def scrape_until(self, condition, what: str, timeout: float = 30.0) -> dict[Series, float]:
+        """Scrape until `condition(samples)` holds, and return those samples (no fixed sleep)."""
+        def attempt():
+            samples = parse_exposition(self.scrape())
+            return samples if condition(samples) else None
+        return wait_until(attempt, timeout=timeout, what=what, interval=0.1)
+
+
+@contextmanager
+def node_exporter(textfile_dir: Path, log_dir: Path) -> Iterator[Exporter]:
+    """The real node_exporter with only the textfile collector, on 127.0.0.1 and a free port."""
+    require(NODE_EXPORTER)
+    port = free_port()
+    log = log_dir / "node_exporter.log"
+    with open(log, "wb") as output:
+        proc = subprocess.Popen(
+            [str(NODE_EXPORTER), "--collector.disable-defaults", "--collector.textfile",
+             f"--collector.textfile.directory={textfile_dir}", f"--web.listen-address=127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+        )
+    exporter = Exporter(proc.pid, f"http://127.0.0.1:{port}/metrics", log)
+    try:
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"node_exporter exited ({proc.returncode}): {log.read_text(errors='replace')}")
+            try:
+                exporter.scrape()
+            except (urllib.error.URLError, ConnectionError):
+                return False
+            return True
+        wait_until(answers, timeout=30, what=f"node_exporter to answer on {exporter.url}", interval=0.05)
+        yield exporter
+    finally:
+        # Only the process this started, by the pid Popen recorded.
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
