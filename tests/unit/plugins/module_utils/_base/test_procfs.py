@@ -174,7 +174,8 @@ def test_scan_of_real_proc_finds_itself():
     table = ProcessTable.scan("/proc")
     me = table.processes[os.getpid()]
     assert me.starttime > 0
-    assert "pytest" in me.cmdline
+    # Its own command line, as /proc has it (a pytest-xdist worker runs "python -c ...", not pytest).
+    assert me.cmdline.split() == open("/proc/self/cmdline", "rb").read().decode().rstrip("\0").replace("\0", " ").split()
     assert table.processes[os.getppid()].pid == me.ppid
     assert 1 in table.processes
 
