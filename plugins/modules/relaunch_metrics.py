@@ -22,7 +22,7 @@ description:
     from C(/) and a symlink on the way is followed only where nobody but root can change it.
   - >-
     The file is rewritten on every run, so that C(gpuops_relaunch_last_run_timestamp_seconds) says when the last run
-    was. RV(changed) is true only when anything other than that timestamp differs from the file that was there.
+    was. C(changed) is true only when anything other than that timestamp differs from the file that was there.
   - >-
     M(gpuops.relaunch.relaunch_summary) runs this module on the target when its O(gpuops.relaunch.relaunch_summary#module:metrics_dir)
     is set (role variable C(relaunch_metrics_dir)), with the summary it just made: the relaunch needs no task more.
@@ -70,7 +70,7 @@ attributes:
   check_mode:
     support: full
     details:
-      - Renders the metrics and reports whether the file would change (RV(changed)); writes nothing.
+      - Renders the metrics and reports whether the file would change (C(changed)); writes nothing.
   diff_mode:
     support: full
     details:
