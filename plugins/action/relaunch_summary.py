@@ -71,9 +71,12 @@ class ActionModule(ActionBase):
             task_vars=task_vars,
         )
         if answer.get("failed") or answer.get("unreachable") or "path" not in answer:
-            why = str(answer.get("msg") or "relaunch_metrics returned no path")
-            # The module names its own option (dir: ...); here that is metrics_dir itself.
-            return why[len("dir: "):] if why.startswith("dir: ") else f"relaunch_metrics on the target: {why}"
+            problems = [p for p in answer.get("option_problems") or [] if isinstance(p, dict)]
+            if not problems:
+                return f"relaunch_metrics on the target: {answer.get('msg') or 'no path returned'}"
+            # The module's dir is metrics_dir itself; its other options come from the summary and job_name.
+            return "; ".join(str(p.get("reason")) if p.get("option") == "dir"
+                             else f"relaunch_metrics' {p.get('option')}: {p.get('reason')}" for p in problems)
         # A report, as the JSON of summary_dir is: the summary task stays unchanged (a no-op run is
         # changed=0); metrics_changed says whether anything but the run's timestamp differs.
         result.update(metrics_path=answer["path"], metrics_changed=bool(answer.get("changed")))

@@ -127,6 +127,14 @@ msg:
   returned: always
   type: str
   sample: wrote 27 samples to /var/lib/prometheus/node-exporter/gpuops_relaunch_llm-pretrain.prom
+option_problems:
+  description:
+    - On failure, each problem as C(option) (V(dir), V(job), V(summary) or V(gpus)) and C(reason); a directory that is
+      missing, unsafe or not writable, or a write that failed, is a problem of V(dir).
+  returned: failure
+  type: list
+  elements: dict
+  sample: [{option: dir, reason: /var/lib/prometheus/node-exporter does not exist (...)}]
 """
 
 import time
@@ -172,7 +180,7 @@ def main() -> None:
     try:
         written = write_textfile(params["dir"], name, text, check_mode=module.check_mode)
     except MetricsWriteError as exc:
-        module.fail_json(changed=False, msg=f"dir: {exc}")
+        module.fail_json(changed=False, **OptionsInvalid([BadOption("dir", str(exc))]).as_result())
     result = {
         "changed": written.changed,
         "path": written.path,
