@@ -62,9 +62,14 @@ $(COLL_LINK):
 demo: setup
 	$(BIN)/ansible-playbook -i playbooks/inventory/demo.yml playbooks/demo.yml
 
+# pytest-xdist: most tests wait on real processes (a supervisor's min_uptime, a stop's grace, an LXC
+# container's boot), not on the CPU, so PYTEST_WORKERS test files run at once. A file's tests stay
+# on one worker (--dist loadfile): they share module fixtures and, in a few files, the job marks
+# that tell their processes apart. PYTEST_WORKERS=0 runs them one by one.
+PYTEST_WORKERS ?= 3
 pytest: setup prometheus-tools
 	@# Exit code 5 means "no tests collected": that is a failure here, never a pass.
-	$(PY) -m pytest tests/unit tests/integration
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/integration
 
 # ansible-test wants a real tree under ansible_collections/<ns>/<name>: copy what git tracks
 # (plus new files), make it a repository of its own, and run there. Its get-pip download is answered offline by tools/get_pip_standin.py.
@@ -103,7 +108,13 @@ molecule: setup
 matrix: setup
 	$(PY) tools/matrix.py
 
-test: pytest sanity lint docs-lint rules-test molecule matrix
+# The checks run beside the tests, two at a time: pytest (whose workers mostly wait) and, one after
+# the other, the static checks, the rules, Molecule and the matrix, each in directories of its own
+# (private lxcpaths, ports and PID namespaces), so none sees another's processes. A target's output
+# is shown whole when it ends.
+CHECKS := sanity lint docs-lint rules-test molecule matrix
+test: setup prometheus-tools
+	$(MAKE) --no-print-directory -j2 --output-sync=target pytest $(CHECKS)
 
 bench: setup
 	$(PY) bench/scan_vs_ps.py
