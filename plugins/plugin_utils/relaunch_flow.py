@@ -273,8 +273,8 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         "container_reset": bool(reset.get("changed", False)),
         "job": {"operation": job.get("operation"), "pid": job.get("pid"), "log_path": job.get("log_path"),
                 "ready_line": job.get("ready_line")},
-        "seconds": _phase_seconds(stop, (cleanup,), (drain,), (reset, results.get("reset_wait"), cleanup_again,
-                                                              drain_again), launch),
+        "seconds": _phase_seconds(stop, (cleanup,), (drain,),
+                                  (reset, results.get("reset_wait"), cleanup_again, drain_again), launch),
         # Multi-rank jobs: index, of, ranks, master_addr, master_port (null for a job of one host).
         "rank": dict(rank) if rank else None,
     }

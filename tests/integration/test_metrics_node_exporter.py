@@ -15,7 +15,6 @@ import shutil
 import stat
 import sys
 import time
-from pathlib import Path
 
 import pytest
 

@@ -348,7 +348,6 @@ def test_a_directory_reached_through_a_link_another_user_can_change_is_refused(t
     assert list(target.iterdir()) == []
 
 
-
 def test_every_metric_the_alert_rules_read_is_one_that_is_written():
     rules = Path(__file__).resolve().parents[5] / "extensions" / "prometheus" / "rules" / "gpuops.rules.yml"
     read = set(re.findall(r"\bgpuops_[a-z_]+\b", rules.read_text(encoding="utf-8")))
