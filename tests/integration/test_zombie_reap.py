@@ -136,6 +136,10 @@ def localhost_run_fixture(local_inventory):
         fields = reaper.start(STALE_JOB, runner=supervised(s.job_tag, decoy=f"{base}/run/train_eval.py --shared"))
         s.supervisor = reaper.popens[-1].pid
         s.parent, s.zombie, s.orphan = int(fields["parent"]), int(fields["zombie"]), int(fields["orphan"])
+        # Each worker forks a sleeper of its own; on a busy machine that fork may come after the
+        # parent's report, so the job's tree is taken once every worker has its child.
+        workers = [int(w) for w in fields["workers"].split(",")]
+        wait_until(lambda: all(children(w) for w in workers), what="every worker's child")
         s.job = identities(tree(s.parent) + tree(s.orphan))
         wait_until(lambda: any("--shared" in cmdline(c) for c in children(s.supervisor)), what="the shared-group decoy")
         s.shared_decoy = [c for c in children(s.supervisor) if "--shared" in cmdline(c)][0]
@@ -147,6 +151,7 @@ def localhost_run_fixture(local_inventory):
         s.plain_tag = f"{base}/plain/train.py"
         fields = reaper.start(PLAIN_ZOMBIE, runner=supervised(s.plain_tag))
         s.plain_parent, s.plain_zombie = int(fields["parent"]), int(fields["zombie"])
+        s.plain_supervisor = reaper.popens[-1].pid
         s.plain = identities([s.plain_parent, s.plain_zombie])
 
         # A Zl leader selected by pid alone; its parent (outside the job) never waits.
@@ -164,6 +169,7 @@ def localhost_run_fixture(local_inventory):
         # A job that forks while it is being ended.
         s.forking_tag = f"{base}/forking/train.py"
         s.forking = int(reaper.start(FORKS_ON_TERM, runner=supervised(s.forking_tag))["pid"])
+        s.forking_supervisor = reaper.popens[-1].pid
 
         s.run = run_playbook(play([
             reap_task("plan only", {"match": s.match}, check_mode=True),
@@ -236,8 +242,12 @@ def test_second_run_changes_nothing(localhost_run):
 def test_plain_zombie_of_a_job_parent_is_reaped_by_ending_the_parent(localhost_run):
     s = localhost_run
     res = result(s, "plain zombie of a job parent")
-    assert signalled(res) == [("terminate", s.plain_parent, "SIGTERM")]  # never a signal to the zombie
-    ended = {e["pid"]: (e["was"], e["now"]) for e in res["ended"]}
+    sent = signalled(res)
+    assert [a for a in sent if a[0] != "notify_parent"] == [("terminate", s.plain_parent, "SIGTERM")]  # never the zombie
+    # The ended parent is a zombie of its supervisor for a moment: at most that supervisor is asked
+    # to reap it (on a busy machine the look after the stop may come before the supervisor's wait).
+    assert all(a == ("notify_parent", s.plain_supervisor, "SIGCHLD") for a in sent if a[0] == "notify_parent")
+    ended = {e["pid"]: (e["was"], e["now"]) for e in res["ended"] if e["pid"] != s.plain_supervisor}
     assert ended == {s.plain_parent: ("running", "gone"), s.plain_zombie: ("zombie", "gone")}
     assert gone_or_other(s.plain)
     assert res["changed"] is True and res["escalation"] == "none"
@@ -406,6 +416,9 @@ def test_processes_forked_while_the_job_is_ended_get_a_second_round(localhost_ru
     (late,) = {step["pid"] for step in second if step["stage"] == "terminate"}
     assert late != s.forking
     assert ("terminate", late, "SIGTERM") in signalled(res)
-    assert {e["pid"] for e in res["ended"]} == {s.forking, late}
+    # On a busy machine the ended job may still be a zombie of its supervisor at the next look: the
+    # supervisor is then asked to reap it (and, its job gone, ends too). Nothing else is touched.
+    assert {e["pid"] for e in res["ended"]} - {s.forking_supervisor} == {s.forking, late}
+    assert all(a["stage"] == "notify_parent" for a in res["actions"] if a["pid"] == s.forking_supervisor)
     assert res["escalation"] == "none" and res["remaining"] == []
     assert s.forking_left == []
