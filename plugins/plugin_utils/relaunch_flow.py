@@ -233,15 +233,18 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     """
     probe = _result(results.get("probe"))
     decision = results.get("decision") or {}
-    stop = _result(results.get("stop"))
-    cleanup = _result(results.get("cleanup"))
-    drain = _result(results.get("drain"))
-    reset = _result(results.get("reset"))
-    cleanup_again = _result(results.get("cleanup_again"))
-    drain_again = _result(results.get("drain_again"))
-    launch = _result(results.get("launch"))
     action = str(decision.get("action") or NONE)
     wanted = action == RELAUNCH
+    # The steps run only after a decision to relaunch. Without one, what the variables hold is from
+    # an earlier include of the role in the same play (registered variables outlive it): not this run's.
+    steps = results if wanted else {}
+    stop = _result(steps.get("stop"))
+    cleanup = _result(steps.get("cleanup"))
+    drain = _result(steps.get("drain"))
+    reset = _result(steps.get("reset"))
+    cleanup_again = _result(steps.get("cleanup_again"))
+    drain_again = _result(steps.get("drain_again"))
+    launch = _result(steps.get("launch"))
     health = probe.get("health") or {}
     guard = probe.get("relaunch_guard") or {}
     found = cleanup.get("found") or {}

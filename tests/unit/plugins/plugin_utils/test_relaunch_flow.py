@@ -182,6 +182,16 @@ def test_a_noop_summary_says_nothing_was_looked_at():
     assert failure_message(summary, "j") is None
 
 
+def test_a_noop_after_an_earlier_relaunch_in_the_same_play_ignores_its_steps():
+    # The role included twice in one play: the first include relaunched, the second found its job
+    # running. The registered variables of the first include's steps are still set.
+    results = dict(full_results(), probe={"health": {"state": "running"}, "operation": "none", "pid": 88},
+                   decision={"action": "none", "why": "left alone"})
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["status"] == "unchanged" and summary["found"] == NOT_LOOKED and summary["ended"] == []
+    assert summary["job"]["pid"] == 88 and summary["seconds"] == {} and summary["incident"] is None
+
+
 def test_a_host_whose_probe_failed_is_failed_with_an_unknown_health():
     summary = host_summary("h1", False, {"probe": {"failed": True, "msg": "x", "skipped": False}}, "probe: x", None)
     assert summary["status"] == "failed" and failure_message(summary, "j") == "h1: probe: x"
