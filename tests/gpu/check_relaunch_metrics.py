@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Real-GPU check: playbooks/relaunch.yml relaunches a job that holds GPU memory, waits for the
