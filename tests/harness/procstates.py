@@ -92,11 +92,20 @@ sleeper()
 STALE_JOB = MAKER_PRELUDE + r"""
 workers = []
 for _ in range(2):
+    # Each worker forks a sleeper of its own; the report waits for both forks (the pipe's end is
+    # closed by the worker after its fork and by its child), so a snapshot after it sees the whole tree.
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(ready_r)
         if os.fork() == 0:
+            os.close(ready_w)
             sleeper()
+        os.close(ready_w)
         sleeper()
+    os.close(ready_w)
+    os.read(ready_r, 1)  # end of file: every copy of the write end is closed
+    os.close(ready_r)
     workers.append(pid)
 dead = os.fork()
 if dead == 0:

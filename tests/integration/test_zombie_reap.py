@@ -136,10 +136,6 @@ def localhost_run_fixture(local_inventory):
         fields = reaper.start(STALE_JOB, runner=supervised(s.job_tag, decoy=f"{base}/run/train_eval.py --shared"))
         s.supervisor = reaper.popens[-1].pid
         s.parent, s.zombie, s.orphan = int(fields["parent"]), int(fields["zombie"]), int(fields["orphan"])
-        # Each worker forks a sleeper of its own; on a busy machine that fork may come after the
-        # parent's report, so the job's tree is taken once every worker has its child.
-        workers = [int(w) for w in fields["workers"].split(",")]
-        wait_until(lambda: all(children(w) for w in workers), what="every worker's child")
         s.job = identities(tree(s.parent) + tree(s.orphan))
         wait_until(lambda: any("--shared" in cmdline(c) for c in children(s.supervisor)), what="the shared-group decoy")
         s.shared_decoy = [c for c in children(s.supervisor) if "--shared" in cmdline(c)][0]
@@ -350,7 +346,7 @@ def test_bad_input_fails_clearly_and_signals_nothing(reaper, local_inventory):
 RECYCLE = textwrap.dedent(r"""
     # Runs as PID 1 of a fresh PID namespace, where nobody else forks: ns_last_pid makes a new
     # process take exactly the pid of the one that just exited.
-    import json, os, re, subprocess, sys
+    import json, os, re, subprocess, sys, time
     sys.path.insert(0, sys.argv[1])
     from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
         Executor, ProcessControl, snapshot_for_plan)
@@ -365,7 +361,15 @@ RECYCLE = textwrap.dedent(r"""
         look = snapshot_for_plan("/proc", selector, ())
         return plan_reap(look.table, selector, look.protection, options), look.protection
 
-    target = subprocess.Popen(SLEEP)
+    def started(argv):
+        # Popen returns once the exec has begun; /proc/PID/cmdline stays empty until the new program's
+        # arguments are in place (a busy machine shows that window), and a look in it matches nothing.
+        proc = subprocess.Popen(argv)
+        while not open(f"/proc/{proc.pid}/cmdline", "rb").read():
+            time.sleep(0.001)
+        return proc
+
+    target = started(SLEEP)
     stale, protection = plan_now()
     (step,) = stale.stage("terminate")
     target.kill(); target.wait()
@@ -375,7 +379,7 @@ RECYCLE = textwrap.dedent(r"""
         pass
     with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
         handle.write(str(target.pid - 1))
-    newcomer = subprocess.Popen(SLEEP)  # the very same command line, the very same pid
+    newcomer = started(SLEEP)  # the very same command line, the very same pid
     report = {"target": target.pid, "newcomer": newcomer.pid}
     for use_pidfd in (True, False):
         control = ProcessControl("/proc", use_pidfd=use_pidfd)
