@@ -379,7 +379,8 @@ def test_query_stuck_in_the_kernel_is_left_behind_and_named(reaper: Reaper, gpu:
             pids = set(processes_with_env(state))
             for pid in pids:
                 parent = parent_pid(pid)
-                if parent in pids and _cmdline(pid) == _cmdline(parent) and b"AnsiballZ" in _cmdline(pid):
+                if parent in pids and _cmdline(pid) == _cmdline(parent) and b"AnsiballZ" in _cmdline(pid) \
+                        and _detached(pid):
                     return pid
             return None
         wait_until(lambda: query_process() is not None, timeout=120, what="the NVML query process")
@@ -396,6 +397,16 @@ def test_query_stuck_in_the_kernel_is_left_behind_and_named(reaper: Reaper, gpu:
     assert f"the query process {stuck} did not end after SIGKILL" in result["msg"]
     # The play came back although the stuck process still exists (it holds none of the module's pipes).
     assert state_of(stuck) == "D"
+
+
+def _detached(pid: int) -> bool:
+    """The query process has let go of the module's stdio (its stdio is /dev/null, only its two pipes
+    are left): a process stuck in the driver is stuck there, not in the moment after its fork."""
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        return os.readlink(f"/proc/{pid}/fd/1") == os.devnull and sum(link.startswith("pipe:") for link in links) <= 2
+    except OSError:
+        return False
 
 
 def _cmdline(pid: int | None) -> bytes:
