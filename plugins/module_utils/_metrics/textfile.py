@@ -27,7 +27,6 @@ import hashlib
 import math
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
@@ -36,7 +35,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.safepath import (
     NotRegularFile,
     UnsafePath,
-    lstat_at,
     open_regular_at,
     walk,
     why_not_writable,
@@ -320,10 +318,8 @@ def write_textfile(directory: str, name: str, text: str, check_mode: bool = Fals
 
 def _read_regular(dir_fd: int, name: str) -> str | None:
     """The text of NAME if it is a regular file of ours to compare with; None for nothing, a symlink
-    (never followed), anything else, or a file too large to be one this module wrote."""
-    info = lstat_at(dir_fd, name)
-    if info is None or not stat.S_ISREG(info.st_mode):
-        return None
+    (never followed), anything else (open_regular_at refuses it without blocking on a FIFO), or a file
+    too large to be one this module wrote."""
     try:
         fd = open_regular_at(dir_fd, name, os.O_RDONLY)
     except (NotRegularFile, OSError):
