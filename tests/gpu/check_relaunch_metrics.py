@@ -29,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+sys.path[:0] = [str(REPO / ".build" / "collections"), str(REPO)]
+from tests.harness.playbook import run_playbook  # noqa: E402  pylint: disable=wrong-import-position
 
 JOB = r"""
 import signal, sys, time
@@ -63,13 +64,6 @@ def library_of(python: str) -> str:
             return library
     skip(f"{python} can import neither PyTorch nor CuPy")
     return ""
-
-
-def playbook(inventory: Path, work: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCAL_TEMP=str(work / "ansible-tmp"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *extra], cwd=str(REPO), env=env,
-                          capture_output=True, text=True, check=False, timeout=600)
 
 
 def main() -> int:
@@ -119,8 +113,8 @@ def main() -> int:
         inventory.write_text(json.dumps({"all": {"hosts": {"localhost": host}}}), encoding="utf-8")
         relaunch = str(REPO / "playbooks" / "relaunch.yml")
         try:
-            first = playbook(inventory, work, relaunch)
-            if first.returncode != 0:
+            first = run_playbook(relaunch, inventory=str(inventory))
+            if first.rc != 0:
                 print(first.stdout[-4000:], first.stderr[-2000:])
                 return fail(["the first relaunch failed"])
             launched = json.loads((work / "summary" / "localhost.json").read_text(encoding="utf-8"))
@@ -129,8 +123,9 @@ def main() -> int:
             print(f"NVML before the forced relaunch: {held_before:.0f} MiB used on GPU {args.device}")
             if held_before < args.mib * 0.9:
                 failures.append(f"the first run does not hold its {args.mib} MiB")
-            forced = playbook(inventory, work, relaunch, "--limit", "localhost", "-e", "relaunch_force=true")
-            if forced.returncode != 0:
+            forced = run_playbook(relaunch, inventory=str(inventory), extra_vars={"relaunch_force": True},
+                                  extra_args=["--limit", "localhost"])
+            if forced.rc != 0:
                 print(forced.stdout[-4000:], forced.stderr[-2000:])
                 return fail(["the forced relaunch failed"])
             summary = json.loads((work / "summary" / "localhost.json").read_text(encoding="utf-8"))
@@ -156,12 +151,11 @@ def main() -> int:
             if not re.search(r'^gpuops_job_health\{[^}]*state="running"[^}]*\} 1$', text, re.M):
                 failures.append('gpuops_job_health{state="running"} is not 1')
         finally:
-            stop = work / "stop.json"
-            stop.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [{
+            stopped = run_playbook([{"hosts": "localhost", "gather_facts": False, "tasks": [{
                 "name": "Stop the check's job", "gpuops.relaunch.train_launch": {
-                    "name": "gpu-check", "state": "stopped", "state_dir": str(work / "state")}}]}]), encoding="utf-8")
-            stopped = playbook(inventory, work, str(stop))
-            if stopped.returncode != 0:
+                    "name": "gpu-check", "state": "stopped", "state_dir": str(work / "state")}}]}],
+                inventory=str(inventory))
+            if stopped.rc != 0:
                 failures.append("stopping the check's job failed: " + stopped.stdout[-1000:])
     return fail(failures) if failures else ok()
 
