@@ -226,17 +226,25 @@ def test_the_incident_holds_python_stacks_where_py_spy_is_installed(ns: Target) 
     assert leader["rc"] == 0 and "main" in leader["stacks"] and "demo_train.py" in leader["stacks"]
 
 
-@pytest.mark.parametrize("options, named", [
+BAD_HEALTH_OPTIONS = [
     ({"stall_after": "{{ 'nan' | float }}"}, ["stall_after"]),
     ({"stall_after": 0}, ["stall_after"]),
     ({"stall_after": 86401}, ["stall_after"]),
     ({"progress_regex": "(", "stall_after": 5}, ["progress_regex"]),
     ({"progress_regex": None, "stall_after": 5}, ["stall_after"]),
     ({"max_relaunches": -1, "relaunch_window": 0}, ["max_relaunches", "relaunch_window"]),
-])
-def test_bad_health_options_are_refused_naming_them(ns: Target, options: dict, named: list[str]) -> None:
-    result = once(ns, **options)
-    assert result["failed"] is True and result.get("changed") is False
-    assert [problem["option"] for problem in result["option_problems"]] == named
-    assert "Traceback" not in json.dumps(result)
+]
+
+
+def test_bad_health_options_are_refused_naming_them(ns: Target) -> None:
+    # One play, a task per case (ignore_errors): one namespace and one ansible-playbook start for all.
+    tasks = []
+    for index, (options, _) in enumerate(BAD_HEALTH_OPTIONS):
+        tasks.append(dict(task(ns, task_name=f"bad {index}", **options), ignore_errors=True))
+    run = ns.play(tasks)
+    for index, (options, named) in enumerate(BAD_HEALTH_OPTIONS):
+        result = run.result(f"bad {index}")
+        assert result["failed"] is True and result.get("changed") is False, options
+        assert [problem["option"] for problem in result["option_problems"]] == named, options
+        assert "Traceback" not in json.dumps(result)
     assert not Path(ns.state_dir).exists()
