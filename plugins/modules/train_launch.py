@@ -155,12 +155,21 @@ options:
   command:
     description:
       - The job's argv as a list, for example V(['python3', 'train.py', '--config', 'a.yaml']).
-      - A string only together with O(shell=true), which runs it with C(/bin/sh -c).
+      - A string only together with O(shell=true), which runs it through a shell (see O(shell)).
       - Required with O(state=started), O(state=restarted) and O(state=probe).
     type: raw
   shell:
     description:
-      - Run O(command), a string, through C(/bin/sh -c). Off unless asked for explicitly.
+      - Run O(command), a string, through a shell. Off unless asked for explicitly.
+      - The shell is C(bash -o pipefail -c) where bash is installed (C(/bin/bash) or C(/usr/bin/bash)),
+        otherwise C(/bin/sh -o pipefail -c) where that shell has pipefail (busybox sh has; dash 0.5.12, the
+        C(/bin/sh) of Debian 12, has not), otherwise C(/bin/sh -c). With pipefail a pipeline such as C(python3 train.py | tee out.log)
+        ends with the status of its last command that failed, so a trainer killed by SIGKILL (the OOM
+        killer) ends the job with exit code 137 (128+9) and RV(health.state) is V(crashed). Without
+        pipefail (a C(/bin/sh) like dash 0.5.12 and no bash) the pipeline's status is that of its last
+        command (C(tee)'s 0), and such a crash is judged V(finished); there, avoid pipelines (the job's
+        output goes to O(log_path) anyway) or end the command line with an explicit check.
+      - The spec hash covers the command line, not the shell chosen (see RV(spec_hash)).
     type: bool
     default: false
   chdir:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 from pathlib import Path
@@ -166,6 +167,27 @@ def test_a_finished_job_is_finished(ns: Target) -> None:
     assert finished["relaunch_guard"]["needed"] is False
     stopped = once(ns, "stopped")
     assert stopped["changed"] is False and stopped["incident"] is None
+
+
+def test_a_trainer_killed_inside_a_shell_pipeline_is_crashed_not_finished(ns: Target, tmp_path: Path) -> None:
+    """`python train.py | tee`: the OOM killer's SIGKILL of the trainer must not become tee's exit 0."""
+    trainer = " ".join(shlex.quote(arg) for arg in ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
+    first = once(ns, command=f"{trainer} | tee {shlex.quote(str(tmp_path / 'tee.out'))}", shell=True)
+    assert first["running"] is True
+    table = ns.processes()
+    [python] = [proc.pid for proc in table.values() if proc.ppid == first["pid"] and ns.mine(proc)]
+    host = ns.host_pid(python)
+    assert host is not None
+    os.kill(host, signal.SIGKILL)  # inside the namespace: the trainer this test started, just looked up
+
+    def run_ended() -> dict[str, Any] | None:
+        result = once(ns, "health")
+        return result if result["health"]["state"] in ("finished", "crashed") else None
+
+    ended = wait_until(run_ended, timeout=90, what="the run's end")
+    assert ended["health"]["state"] == "crashed", ended["health"]
+    assert ended["health"]["exit_code"] == 128 + signal.SIGKILL and "SIGKILL" in ended["health"]["reason"]
+    assert ended["decision"]["action"] == "relaunch"
 
 
 def test_a_run_gone_without_an_exit_record_is_missing_and_relaunched(ns: Target) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Pattern
 
@@ -223,6 +224,22 @@ class HealthReport:
 _FAILURES_KEPT_BY_A_STOP = tuple(state.value for state in Health if state.failed)
 
 
+def _shell_signal_note(exit_record: dict) -> str:
+    """' (128+9: how a shell reports a process ended by SIGKILL)' for an exit code above 128 that can be one.
+
+    A command line (shell=true) ends with 128+N when its process, or with pipefail any process of its
+    pipeline, was ended by signal N: the crash is then the signal's, not the code's.
+    """
+    code = exit_record.get("exit_code")
+    if exit_record.get("exit_signal") is not None or not isinstance(code, int) or isinstance(code, bool):
+        return ""
+    try:
+        name = signal.Signals(code - 128).name if code > 128 else None
+    except ValueError:
+        name = None
+    return f" (128+{code - 128}: how a shell reports a process ended by {name})" if name else ""
+
+
 def _ended(run_id: str, exit_record: dict, stop_record: dict | None) -> HealthReport:
     exit_fields = {key: exit_record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
     if stop_record is not None and stop_record.get("run_id") == run_id:
@@ -239,8 +256,8 @@ def _ended(run_id: str, exit_record: dict, stop_record: dict | None) -> HealthRe
     if exit_record.get("exit_signal") is None and exit_record.get("exit_code") == 0:
         return HealthReport(Health.FINISHED, f"finished with exit code 0 at {exit_record.get('ended_at')}",
                             run_id, exit=exit_fields)
-    return HealthReport(Health.CRASHED, f"ended with {describe_exit(exit_record)} at {exit_record.get('ended_at')}",
-                        run_id, exit=exit_fields)
+    return HealthReport(Health.CRASHED, f"ended with {describe_exit(exit_record)}{_shell_signal_note(exit_record)} "
+                        f"at {exit_record.get('ended_at')}", run_id, exit=exit_fields)
 
 
 def judge(run: dict | None, exit_record: dict | None, stop_record: dict | None, alive: bool,

@@ -25,6 +25,7 @@ import re
 import shlex
 import shutil
 import stat
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Pattern
 
@@ -37,6 +38,10 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision i
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
+# Where bash is looked for (a merged /usr has both); the first one that can be executed runs shell=true.
+BASH_CANDIDATES = ("/bin/bash", "/usr/bin/bash")
+# How long asking /bin/sh whether it knows pipefail may take.
+SHELL_PROBE_TIMEOUT = 10.0
 MAX_KEEP_LOGS = 1000
 MAX_LOG_TAIL_LINES = 10000
 MAX_RELAUNCHES = 1000
@@ -47,17 +52,26 @@ MAX_RELAUNCH_WINDOW = 30 * 86400.0
 class JobSpec:
     """What identifies one way of running the job: a change to any of these restarts it."""
 
+    # What runs; with shell=true: the shell (see shell_launcher), -c and the command line.
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     chdir: str | None = None
     user: str | None = None
     group: str | None = None
+    # With shell=true: the command line as the task gave it.
+    shell_command: str | None = None
+
+    @property
+    def hashed_argv(self) -> tuple[str, ...]:
+        """The argv the hash covers: a command line is hashed as ``/bin/sh -c COMMAND`` whatever shell runs it,
+        so the hash stays what it was before shell=true ran under bash, and an upgrade restarts no running job."""
+        return (SHELL, "-c", self.shell_command) if self.shell_command is not None else self.argv
 
     @property
     def spec_hash(self) -> str:
         """sha256 over a canonical JSON of the spec (stable across runs and Python versions)."""
         canonical = json.dumps(
-            {"argv": list(self.argv), "env": [list(kv) for kv in self.env], "chdir": self.chdir,
+            {"argv": list(self.hashed_argv), "env": [list(kv) for kv in self.env], "chdir": self.chdir,
              "user": self.user, "group": self.group},
             sort_keys=True, separators=(",", ":"),
         )
@@ -71,8 +85,8 @@ class JobSpec:
         """
         if not extra:
             return list(self.argv)
-        if self.argv[:2] == (SHELL, "-c") and len(self.argv) == 3:
-            return [SHELL, "-c", self.argv[2] + " " + " ".join(shlex.quote(arg) for arg in extra)]
+        if self.shell_command is not None:
+            return [*self.argv[:-1], self.argv[-1] + " " + " ".join(shlex.quote(arg) for arg in extra)]
         return [*self.argv, *extra]
 
     def job_environment(self) -> dict[str, str]:
@@ -127,11 +141,34 @@ class LaunchOptions:
         return os.path.join(self.state_dir, self.name)
 
 
+def _sh_knows_pipefail(sh: str) -> bool:
+    """Whether `sh` takes ``-o pipefail`` (busybox sh does; dash 0.5.12, Debian 12's /bin/sh, ends at once)."""
+    try:
+        return subprocess.run([sh, "-o", "pipefail", "-c", ":"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={"PATH": DEFAULT_PATH}, timeout=SHELL_PROBE_TIMEOUT,
+                              check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def shell_launcher(bash_candidates: tuple[str, ...] = BASH_CANDIDATES, sh: str = SHELL) -> tuple[str, ...]:
+    """The shell (and its options) that runs a command line of shell=true.
+
+    With pipefail wherever the machine has it: in ``train | tee`` a plain pipeline's status is tee's,
+    so a trainer killed by SIGKILL (the OOM killer) would end with 0 and be judged finished; with
+    pipefail it ends with 128+9 and is judged crashed. bash has it; /bin/sh only in some shells.
+    """
+    for bash in bash_candidates:
+        if os.path.isfile(bash) and os.access(bash, os.X_OK):
+            return (bash, "-o", "pipefail")
+    return (sh, "-o", "pipefail") if _sh_knows_pipefail(sh) else (sh,)
+
+
 def _command_argv(command: Any, shell: bool) -> tuple[str, ...]:
     if shell:
         if not isinstance(command, str) or not command.strip():
             raise BadOption("command", "with shell=true, command must be a non-empty string")
-        argv: tuple[str, ...] = (SHELL, "-c", command)
+        argv: tuple[str, ...] = (*shell_launcher(), "-c", command)
     elif isinstance(command, str):
         raise BadOption(
             "command", "a string is only accepted with shell=true; give an argv list "
@@ -391,7 +428,9 @@ def _job_spec(checks: OptionChecks, params: Mapping[str, Any]) -> JobSpec | None
     checks.check(_check_group, group)
     if checks.failed() or argv is None or env is None:
         return None
-    return JobSpec(argv=argv, env=tuple(sorted(env.items())), chdir=chdir, user=user, group=group)
+    shell_command = command if params.get("shell") else None
+    return JobSpec(argv=argv, env=tuple(sorted(env.items())), chdir=chdir, user=user, group=group,
+                   shell_command=shell_command)
 
 
 def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:

@@ -113,6 +113,20 @@ def test_ended_runs(record, state) -> None:
     assert report.state is state and report.as_dict()["exit_code"] == record.get("exit_code")
 
 
+@pytest.mark.parametrize("code, named", [(137, "SIGKILL"), (143, "SIGTERM"), (139, "SIGSEGV"), (130, "SIGINT")])
+def test_a_shell_status_of_a_killed_process_is_a_crash_that_names_the_signal(code, named) -> None:
+    """A shell (shell=true, with pipefail) reports a process ended by signal N as 128+N."""
+    report = judge(RUN, {"run_id": "r1", "exit_code": code, "exit_signal": None}, None, False, None, None, START)
+    assert report.state is Health.CRASHED
+    assert f"exit code {code} (128+{code - 128}: how a shell reports a process ended by {named})" in report.reason
+
+
+def test_exit_codes_that_are_no_signal_are_not_named_as_one() -> None:
+    for code in (3, 128, 255):
+        report = judge(RUN, {"run_id": "r1", "exit_code": code, "exit_signal": None}, None, False, None, None, START)
+        assert report.state is Health.CRASHED and "128+" not in report.reason
+
+
 def test_an_exit_record_of_another_run_does_not_count() -> None:
     assert judge(RUN, {"run_id": "old", "exit_code": 0}, None, False, None, None, START).state is Health.MISSING
 

@@ -64,5 +64,6 @@ def test_resume_args_are_appended_but_not_hashed() -> None:
     spec = JobSpec(argv=("python3", "train.py"))
     assert spec.argv_with(("--resume", "a b")) == ["python3", "train.py", "--resume", "a b"]
     assert spec.argv_with(()) == ["python3", "train.py"]
-    shell = JobSpec(argv=("/bin/sh", "-c", "./run.sh"))
-    assert shell.argv_with(("--resume", "a b")) == ["/bin/sh", "-c", "./run.sh --resume 'a b'"]
+    shell = JobSpec(argv=("/bin/bash", "-o", "pipefail", "-c", "./run.sh"), shell_command="./run.sh")
+    assert shell.argv_with(("--resume", "a b")) == ["/bin/bash", "-o", "pipefail", "-c", "./run.sh --resume 'a b'"]
+    assert shell.spec_hash == JobSpec(argv=("/bin/sh", "-c", "./run.sh")).spec_hash

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +16,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec impor
     check_remove_paths,
     options_from_params,
     preflight_start,
+    shell_launcher,
 )
 
 
@@ -55,8 +60,43 @@ def test_env_order_does_not_change_the_hash(tmp_path) -> None:
 
 def test_shell_wraps_the_string(tmp_path) -> None:
     options = options_from_params(params(tmp_path, command="echo hi | cat", shell=True))
-    assert options.spec.argv == ("/bin/sh", "-c", "echo hi | cat")
+    assert options.spec.argv == (*shell_launcher(), "-c", "echo hi | cat")
     assert options.job_dir == str(tmp_path / "state" / "job")
+    # The hash is the one earlier versions gave (/bin/sh -c COMMAND): a new shell restarts no running job.
+    assert options.spec.spec_hash == JobSpec(argv=("/bin/sh", "-c", "echo hi | cat")).spec_hash
+
+
+HAS_BASH = any(os.access(path, os.X_OK) for path in ("/bin/bash", "/usr/bin/bash"))
+
+
+@pytest.mark.skipif(not HAS_BASH, reason="bash is not installed")
+def test_a_shell_command_runs_under_bash_with_pipefail(tmp_path) -> None:
+    options = options_from_params(params(tmp_path, command="echo hi | cat", shell=True))
+    assert options.spec.argv[0] in ("/bin/bash", "/usr/bin/bash")
+    assert options.spec.argv[1:] == ("-o", "pipefail", "-c", "echo hi | cat")
+
+
+@pytest.mark.skipif(not HAS_BASH, reason="bash is not installed")
+def test_a_process_killed_inside_a_shell_pipeline_is_not_hidden(tmp_path) -> None:
+    """`train | tee`: the pipeline's status is the killed process's (128+9), not tee's 0."""
+    killed = f"{shlex.quote(sys.executable)} -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)' | cat"
+    options = options_from_params(params(tmp_path, command=killed, shell=True))
+    ended = subprocess.run(options.spec.argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+    assert ended.returncode == 128 + signal.SIGKILL, ended
+
+
+def test_the_shell_falls_back_to_sh_with_pipefail_only_where_it_has_it(tmp_path) -> None:
+    # dash before 0.5.13 refuses `-o pipefail` (its shell then would end at once): plain sh -c there.
+    no_pipefail = tmp_path / "sh-without-pipefail"
+    no_pipefail.write_text('#!/bin/sh\nfor arg; do [ "$arg" = pipefail ] && exit 2; done\nexit 0\n')
+    no_pipefail.chmod(0o755)
+    assert shell_launcher(bash_candidates=(), sh=str(no_pipefail)) == (str(no_pipefail),)
+    with_pipefail = tmp_path / "sh-with-pipefail"
+    with_pipefail.write_text("#!/bin/sh\nexit 0\n")
+    with_pipefail.chmod(0o755)
+    assert shell_launcher(bash_candidates=(), sh=str(with_pipefail)) == (str(with_pipefail), "-o", "pipefail")
+    assert shell_launcher(bash_candidates=(str(tmp_path / "no-bash"), str(with_pipefail)),
+                          sh=str(no_pipefail)) == (str(with_pipefail), "-o", "pipefail")
 
 
 def test_job_environment_is_clean_plus_env(tmp_path) -> None:
