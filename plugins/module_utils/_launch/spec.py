@@ -34,6 +34,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import check_as_job_user
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -196,58 +197,23 @@ def _job_env(env: Mapping[Any, Any] | None) -> dict[str, str]:
     return checked
 
 
-def _account_ids(user: str | None, group: str | None) -> tuple[int, set[int], str]:
-    """The uid, the gids and the name the job runs with (checked accounts)."""
-    if user is None:
-        uid, gids = os.getuid(), {os.getgid(), *os.getgroups()}
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-    else:
-        entry = pwd.getpwnam(user)
-        uid, name = entry.pw_uid, user
-        gids = {entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
-    if group is not None:
-        gids.add(grp.getgrnam(group).gr_gid)
-    return uid, gids, name
-
-
-def _executable_by(path: str, uid: int, gids: set[int]) -> bool:
-    """Whether `path` is a regular file that `uid` (with `gids`) may execute, by its mode bits."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return False
-    if not stat.S_ISREG(info.st_mode):
-        return False
-    if uid == 0:
-        return bool(info.st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH))
-    if info.st_uid == uid:
-        return bool(info.st_mode & stat.S_IXUSR)
-    if info.st_gid in gids:
-        return bool(info.st_mode & stat.S_IXGRP)
-    return bool(info.st_mode & stat.S_IXOTH)
-
-
 def resolve_program(program: str, search_path: str, chdir: str | None, user: str | None, group: str | None) -> str:
     """The file the job's first argument names, as the job's user would find it; BadOption if none.
 
-    A name without a slash is looked up on the job's PATH (its `env` PATH, or the default), a
-    relative path from `chdir` (the job's working directory; / without one).
+    Asked as the job's user (supervisor.check_as_job_user: a forked child that takes the job's
+    groups and user, enters chdir as the start does, and calls access()), since root reaches what
+    the user cannot: a program below a directory only root may pass, a working directory swapped for
+    a link. BadOption names chdir when the working directory cannot be entered (the program is looked
+    up from there: a relative path from it, a name on the job's PATH), command when no program is found.
     """
-    uid, gids, name = _account_ids(user, group)
-    if "/" in program:
-        candidates = [program if os.path.isabs(program) else os.path.join(chdir or "/", program)]
-        where = "" if os.path.isabs(program) else f" in {chdir or '/'}"
-    else:
-        candidates = [os.path.join(directory, program) for directory in search_path.split(":") if directory]
-        where = f" on PATH {search_path}"
-    for candidate in candidates:
-        if _executable_by(candidate, uid, gids):
-            return candidate
-    raise BadOption("command", f"{program!r} is not an executable file{where} for user {name} "
-                    "(checked before anything was stopped or rotated)")
+    found = check_as_job_user({"argv": [program], "env": {"PATH": search_path}, "chdir": chdir,
+                               "user": user, "group": group})
+    if "program" in found:
+        return str(found["program"])
+    reason = str(found.get("reason"))
+    if found.get("option") == "command":
+        reason += " (checked before anything was stopped or rotated)"
+    raise BadOption(str(found.get("option")), reason)
 
 
 def _absolute(option: str, path: str | None) -> str | None:
@@ -345,13 +311,6 @@ def _check_group(group: str | None) -> None:
             grp.getgrnam(group)
         except KeyError:
             raise BadOption("group", f"no such group {group!r}") from None
-
-
-def _existing_directory(option: str, path: str | None) -> str | None:
-    directory = _absolute(option, path)
-    if directory is not None and not os.path.isdir(directory):
-        raise BadOption(option, f"the directory {directory!r} does not exist")
-    return directory
 
 
 def _job_name(name: str | None) -> str:
@@ -506,11 +465,9 @@ def preflight_start(options: LaunchOptions) -> None:
         checks.add("command", f"required with state={options.state}")
         checks.raise_if_any()
     checks.check(_check_backend, options.backend)
-    chdir = checks.check(_existing_directory, "chdir", spec.chdir)
-    # The program is looked up from chdir, so only once that passed.
-    if not checks.failed("chdir"):
-        checks.check(resolve_program, spec.argv[0], dict(spec.env).get("PATH", DEFAULT_PATH), chdir,
-                     spec.user, spec.group)
+    # As the job's user meets them: chdir entered as the start enters it, the program looked up from there.
+    checks.check(resolve_program, spec.argv[0], dict(spec.env).get("PATH", DEFAULT_PATH), spec.chdir,
+                 spec.user, spec.group)
     if options.log_path is None:
         checks.add("log_path", f"required with state={options.state}")
     else:

@@ -48,9 +48,12 @@ from __future__ import annotations
 
 import ctypes
 import grp
+import json
 import os
 import pwd
+import select
 import signal
+import stat
 import subprocess
 import sys
 
@@ -146,6 +149,162 @@ def job_credentials(launch: dict) -> tuple:
     return None, None, None
 
 
+def take_job_identity(uid, gid, extra_groups) -> None:
+    """Become the job's groups and user for good (groups first: only root may set them)."""
+    if gid is not None:
+        if extra_groups is not None:
+            os.setgroups(extra_groups)
+        os.setresgid(gid, gid, gid)
+    if uid is not None:
+        os.setresuid(uid, uid, uid)
+
+
+def enter_working_directory(chdir) -> None:
+    """Make `chdir` (or /) the working directory, with the rights this process has now.
+
+    Called once the job's user and groups are taken (take_job_identity, or Popen's user=): a job of
+    another user enters its directory with that user's rights, so the kernel follows only the links
+    that user could follow anyway, and a directory the user swapped for a link into a place only root
+    may reach (between two runs) is Permission denied, never entered. Root entering it first would
+    leave the job a working directory it could never have reached, and every name the job opens
+    relative to it would be looked up from there. A job that runs as root is walked as the log is
+    (_base/safepath.py: no symlink another user can change) and entered by its descriptor.
+    """
+    if not chdir:
+        os.chdir("/")
+    elif os.geteuid() != 0:
+        os.chdir(chdir)
+    else:
+        with safepath.walk(chdir) as found:
+            os.fchdir(found.fd)
+
+
+def account_name(user) -> str:
+    """The job's user as a message names it (ours where the job keeps our uid)."""
+    if user is not None:
+        return user
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def working_directory_error(chdir: str, user, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "the working directory %r does not exist (for user %s)" % (chdir, account_name(user))
+    return "the working directory %r cannot be entered as user %s: %s" % (chdir, account_name(user),
+                                                                         exc.strerror or exc)
+
+
+def find_program(program: str, search_path: str):
+    """The file the job's exec would run, as this process (the job's user, in its working directory) finds it.
+
+    As execvpe looks: a name with a slash as it is (relative to the working directory), any other on
+    the PATH. (None, why) where none can be executed.
+    """
+    candidates = [program] if "/" in program else [os.path.join(directory, program)
+                                                     for directory in search_path.split(":")]
+    why = "not found"
+    for candidate in candidates:
+        try:
+            info = os.stat(candidate)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            why = "not a regular file"
+        elif not os.access(candidate, os.X_OK):
+            why = "Permission denied"
+        else:
+            return candidate, ""
+    return None, why
+
+
+def _start_check(launch: dict) -> dict:
+    """In the child of check_as_job_user: become the job's user, enter chdir, find the program."""
+    user = launch.get("user")
+    try:
+        uid, gid, extra_groups = job_credentials(launch)
+    except KeyError as exc:
+        return {"option": "group" if user is None or launch.get("group") else "user",
+                "reason": "no such account: %s" % exc}
+    try:
+        take_job_identity(uid, gid, extra_groups)
+    except OSError as exc:
+        return {"option": "user", "reason": "cannot become user %s from uid %d: %s"
+                % (account_name(user), os.geteuid(), exc.strerror or exc)}
+    chdir = launch.get("chdir")
+    try:
+        enter_working_directory(chdir)
+    except OSError as exc:
+        return {"option": "chdir", "reason": working_directory_error(chdir, user, exc)}
+    program = launch["argv"][0]
+    search_path = (launch.get("env") or {}).get("PATH", DEFAULT_PATH)
+    found, why = find_program(program, search_path)
+    if found is None:
+        if "/" not in program:
+            where = " on PATH %s" % search_path
+        else:
+            where = "" if program.startswith("/") else " in %s" % (chdir or "/")
+        return {"option": "command", "reason": "%r is not an executable file%s for user %s (%s)"
+                % (program, where, account_name(user), why)}
+    return {"program": found}
+
+
+# How long the check as the job's user may take (a hung network file system on chdir or PATH).
+CHECK_TIMEOUT = 30.0
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def check_as_job_user(launch: dict, timeout: float = CHECK_TIMEOUT) -> dict:
+    """Whether the start of `launch` can work, asked by a child that has become the job's user.
+
+    Root can reach what the job's user cannot (a program below a directory only root may pass, a
+    working directory swapped for a link), so the check is made as the start makes it: a forked child
+    takes the job's groups and user (take_job_identity), enters chdir (enter_working_directory) and
+    looks the program up with access() from there. {"program": path} where it can;
+    {"option", "reason"} naming what stands in the way where not. The module's preflight asks this
+    before anything is stopped; the systemd unit's main process asks it again while it is still root,
+    so that what it finds is recorded (after dropping root it could no longer write the record).
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the forked child, which never returns
+        try:
+            os.close(read_fd)
+            answer = _start_check(launch)
+        except BaseException as exc:  # pylint: disable=broad-except
+            answer = {"internal": "%s: %s" % (type(exc).__name__, exc)}
+        try:
+            os.write(write_fd, json.dumps(answer).encode("utf-8")[:60000])
+        finally:
+            os._exit(0)  # pylint: disable=protected-access
+    os.close(write_fd)
+    data = b""
+    try:
+        poller = select.poll()
+        poller.register(read_fd, select.POLLIN)
+        while True:
+            if not poller.poll(timeout * 1000):
+                break
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_fd)
+        if not data:
+            os.kill(pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is still its own
+        os.waitpid(pid, 0)
+    if not data:
+        return {"option": "chdir" if launch.get("chdir") else "command",
+                "reason": "the check as the job's user did not answer within %gs (a hung file system?)" % timeout}
+    answer = json.loads(data.decode("utf-8"))
+    if "internal" in answer:
+        raise RuntimeError("the check as the job's user failed: %s" % answer["internal"])
+    return answer
+
+
 def job_environment(launch: dict, job_dir: str) -> dict:
     """The job's environment: launch.json's, and the run's mark that every process of the run inherits."""
     env = dict(launch.get("env") or {})
@@ -207,16 +366,42 @@ class Supervisor:
             kwargs["group"] = gid
         if extra_groups is not None:
             kwargs["extra_groups"] = extra_groups
-        return subprocess.Popen(  # pylint: disable=consider-using-with
-            launch["argv"],
-            cwd=launch.get("chdir"),
-            env=job_environment(launch, self.job_dir),
-            stdin=subprocess.DEVNULL,
-            close_fds=True,
+        chdir = launch.get("chdir")
+        # Why the working directory could not be entered, from the child (non-inheritable: exec closes it).
+        reason_read, reason_write = os.pipe()
+
+        def become_job() -> None:
+            # Popen calls this in the child after it took the job's groups and user (setgroups,
+            # setregid, setreuid come before preexec_fn), never cwd=, which changes directory as root.
             # A group of its own: the job and every child that stays in it are found by group id.
-            preexec_fn=os.setpgrp,  # pylint: disable=subprocess-popen-preexec-fn
-            **kwargs
-        )
+            os.setpgrp()
+            try:
+                enter_working_directory(chdir)
+            except OSError as exc:
+                os.write(reason_write, working_directory_error(chdir, launch.get("user"), exc).encode("utf-8")[:4000])
+                raise
+
+        try:
+            return subprocess.Popen(  # pylint: disable=consider-using-with
+                launch["argv"],
+                env=job_environment(launch, self.job_dir),
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                preexec_fn=become_job,  # pylint: disable=subprocess-popen-preexec-fn
+                **kwargs
+            )
+        except subprocess.SubprocessError:
+            # Popen says only "Exception occurred in preexec_fn"; the child said why.
+            os.close(reason_write)
+            reason_write = -1
+            reason = os.read(reason_read, 4096).decode("utf-8", "replace")
+            if reason:
+                raise OSError(reason) from None
+            raise
+        finally:
+            os.close(reason_read)
+            if reason_write >= 0:
+                os.close(reason_write)
 
     def run(self, linger: str = "auto") -> int:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -374,9 +559,12 @@ def exec_job(job_dir: str, run_id: str) -> int:
                           % (launch["log_path"], exc.strerror or exc)) from None
         uid, gid, extra_groups = job_credentials(launch)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_NOFOLLOW)
-        if launch.get("chdir"):
-            os.chdir(launch["chdir"])
-    except (OSError, KeyError, ValueError) as exc:
+        # Asked while we are still root, so that what stands in the way is recorded: once we are
+        # the job's user we can no longer write the record.
+        found = check_as_job_user(launch)
+        if "program" not in found:
+            raise ValueError("%s: %s" % (found.get("option"), found.get("reason")))
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
         why = "cannot start %r: %s" % (launch.get("argv"), exc)
         record_exit(job_dir, run_id, {"error": why})
         sys.stderr.write("gpuops exec: %s\n" % why)
@@ -388,13 +576,11 @@ def exec_job(job_dir: str, run_id: str) -> int:
     os.close(log_fd)
     argv = launch["argv"]
     try:
-        if gid is not None:
-            if extra_groups is not None:
-                os.setgroups(extra_groups)
-            os.setresgid(gid, gid, gid)
-        if uid is not None:
-            os.setresuid(uid, uid, uid)
-        # The program as the job's PATH finds it (train_launch checked it as the job's user).
+        take_job_identity(uid, gid, extra_groups)
+        # As the job's user, never as root (see enter_working_directory); systemd's WorkingDirectory=
+        # would have PID 1 change into it as root, following whatever link the job's user put there.
+        enter_working_directory(launch.get("chdir"))
+        # The program as the job's PATH finds it (checked just now, as the job's user).
         os.execvpe(argv[0], argv, job_environment(launch, job_dir))
     except OSError as exc:
         sys.stderr.write("gpuops exec: cannot start %r: %s\n" % (argv, exc))

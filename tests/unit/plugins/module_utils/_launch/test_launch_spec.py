@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -183,16 +186,59 @@ def test_a_running_job_is_not_asked_for_what_only_a_start_needs(tmp_path) -> Non
         preflight_start(options)
 
 
-def test_the_program_is_resolved_as_the_jobs_user(tmp_path) -> None:
-    script = tmp_path / "train.sh"
+@pytest.fixture(name="open_dir")
+def open_dir_fixture():
+    """A directory under /tmp that every user may pass (pytest's tmp_path lies below a 0700 one)."""
+    base = Path(tempfile.mkdtemp(prefix="gpuops-spec-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_program_is_resolved_as_the_jobs_user(tmp_path, open_dir) -> None:
+    script = open_dir / "train.sh"
     script.write_text("#!/bin/sh\n")
     script.chmod(0o700)  # root may run it; nobody may not
-    tmp_path.chmod(0o755)
-    assert checked(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path))).spec.argv[0] == "./train.sh"
+    assert checked(params(tmp_path, command=["./train.sh"], chdir=str(open_dir))).spec.argv[0] == "./train.sh"
     with pytest.raises(OptionsInvalid, match="command: './train.sh' is not an executable file in .* for user nobody"):
-        checked(params(tmp_path, command=["./train.sh"], chdir=str(tmp_path), user="nobody"))
+        checked(params(tmp_path, command=["./train.sh"], chdir=str(open_dir), user="nobody"))
     script.chmod(0o755)
     assert checked(params(tmp_path, command=[str(script)], user="nobody")).spec.user == "nobody"
+
+
+def test_the_program_and_chdir_are_checked_as_the_jobs_user_would_reach_them(tmp_path, open_dir) -> None:
+    """Mode bits say nobody may run the program, but nobody cannot pass the directory above it: the
+    preflight asks as nobody (a child that became nobody), so the start is refused before any stop."""
+    base = open_dir
+    (base / "closed").mkdir(mode=0o700)  # root's, 0700: nobody may not pass
+    script = base / "closed" / "train.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert checked(params(tmp_path, command=[str(script)])).spec.user is None  # root may
+    with pytest.raises(OptionsInvalid) as caught:
+        checked(params(tmp_path, command=[str(script)], user="nobody"))
+    assert caught.value.options == ["command"]
+    assert f"command: '{script}' is not an executable file for user nobody (Permission denied)" in str(caught.value)
+    # A working directory nobody cannot enter: named as chdir, the program not looked up from it.
+    with pytest.raises(OptionsInvalid) as caught:
+        checked(params(tmp_path, command=["./train.sh"], chdir=str(base / "closed"), user="nobody"))
+    assert caught.value.options == ["chdir"]
+    assert f"chdir: the working directory '{base}/closed' cannot be entered as user nobody: Permission denied" \
+        in str(caught.value)
+    # A working directory nobody swapped for a link into root's directory: entered as nobody, refused.
+    home = base / "home"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    os.symlink(base / "closed", home / "work")
+    os.lchown(home / "work", 65534, 65534)
+    with pytest.raises(OptionsInvalid, match="^chdir: .* cannot be entered as user nobody: Permission denied"):
+        checked(params(tmp_path, command=["./train.sh"], chdir=str(home / "work"), user="nobody"))
+    # A job of root's: the same link is never followed (walked as the log is).
+    with pytest.raises(OptionsInvalid, match=f"^chdir: .*{home}/work is a symbolic link that a user other than root"):
+        checked(params(tmp_path, command=["./train.sh"], chdir=str(home / "work")))
+    assert checked(params(tmp_path, command=["./train.sh"], chdir=str(base / "closed"))).spec.chdir == str(base / "closed")
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])

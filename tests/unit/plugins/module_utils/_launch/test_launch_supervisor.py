@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -240,3 +242,78 @@ def test_the_private_copy_runs_alone_with_its_jobfiles_and_safepath(tmp_path) ->
                               capture_output=True, text=True, timeout=60, check=False)
     assert recorded.returncode == 0, recorded.stderr
     assert json.loads((job_dir / "exit.json").read_text())["exit_code"] == 3
+
+
+# --- chdir: walked or entered as the job's user, never followed as root ----------------------------
+
+
+@pytest.fixture(name="swapped_workdir")
+def swapped_workdir_fixture():
+    """/tmp/gpuops-chdir-*/ (0755): vault/ is root's (0700) with inner/ (0755) and its secret (0644) in it,
+    which nobody cannot reach by path; home/ is nobody's, and nobody swapped its work/ for a link to
+    vault/inner. Yields (the chdir, the directory work/ was moved to)."""
+    base = Path(tempfile.mkdtemp(prefix="gpuops-chdir-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        (base / "vault").mkdir(mode=0o700)
+        (base / "vault" / "inner").mkdir(mode=0o755)
+        (base / "vault" / "inner" / "secret").write_text("root's secret\n")
+        (base / "home").mkdir()
+        os.chown(base / "home", 65534, 65534)
+        as_nobody = {"user": 65534, "group": 65534, "extra_groups": [], "check": True, "timeout": 30}
+        subprocess.run(["mkdir", str(base / "home" / "work")], **as_nobody)
+        subprocess.run(["sh", "-c", f"echo nobody\\'s own > {base}/home/work/secret"], **as_nobody)
+        subprocess.run(["mv", str(base / "home" / "work"), str(base / "home" / "work.old")], **as_nobody)
+        subprocess.run(["ln", "-s", str(base / "vault" / "inner"), str(base / "home" / "work")], **as_nobody)
+        yield str(base / "home" / "work"), str(base / "home" / "work.old")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def write_launch(job_dir: Path, log: Path, chdir: str, user: str | None) -> None:
+    write_json_atomic(str(job_dir / "launch.json"), {
+        "run_id": "r1", "argv": ["/bin/cat", "secret"], "env": {"PATH": "/usr/bin:/bin"}, "chdir": chdir,
+        "user": user, "group": None, "spec_hash": "h", "log_path": str(log)})
+
+
+def run_backend(backend: str, job_dir: Path, log: Path) -> int:
+    """The supervisor (`run`) or the systemd unit's main process (`exec`), for real, as root."""
+    script = install_supervisor(str(job_dir))
+    argv = [sys.executable, "-I", script, "run", str(job_dir), "never"] if backend == "supervisor" else \
+        [sys.executable, "-I", script, "exec", str(job_dir), "r1"]
+    with open(log, "ab") as out:
+        return subprocess.run(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL, cwd="/", timeout=60,
+                              check=False).returncode
+
+
+@pytest.mark.parametrize("backend", ["supervisor", "systemd-exec"])
+@pytest.mark.parametrize("user", ["nobody", None], ids=["as-nobody", "as-root"])
+def test_a_chdir_swapped_for_a_symlink_is_never_followed_as_root(job_dir, tmp_path, swapped_workdir, backend,
+                                                                  user) -> None:
+    """Between two runs the job's user swaps its working directory for a link into a root-only place:
+    the job must not start there (it would read root's file through its working directory)."""
+    planted, _real = swapped_workdir
+    log = tmp_path / "train.log"
+    log.touch()
+    write_launch(job_dir, log, planted, user)
+    code = run_backend(backend, job_dir, log)
+    assert "root's secret" not in log.read_text()
+    assert code == 1
+    error = read_json(str(job_dir / "exit.json"))["error"]
+    if user == "nobody":
+        # Entered as nobody, after dropping root: nobody may not pass vault/.
+        assert f"the working directory '{planted}' cannot be entered as user nobody: Permission denied" in error, error
+    else:
+        # A job of root's: walked as the log is; a link another user can change is refused.
+        assert f"{planted} is a symbolic link that a user other than root can change" in error, error
+
+
+@pytest.mark.parametrize("backend", ["supervisor", "systemd-exec"])
+def test_a_chdir_the_jobs_user_may_enter_is_its_working_directory(job_dir, tmp_path, swapped_workdir, backend) -> None:
+    _planted, real = swapped_workdir
+    log = tmp_path / "train.log"
+    log.touch()
+    os.chown(log, 65534, 65534)
+    write_launch(job_dir, log, real, "nobody")
+    assert run_backend(backend, job_dir, log) == 0
+    assert "nobody's own" in log.read_text()
