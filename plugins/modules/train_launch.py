@@ -197,6 +197,13 @@ options:
       - It must be a regular file of one link or not exist yet; a symlink, FIFO, device or a file with
         other hard links there is refused. It is opened without following links (nor a symlink on the
         way that another user than root can change) and chowned to O(user).
+      - Two jobs cannot share a log. A start (and the probe, and check mode) is refused, naming the other
+        job and before anything is stopped or rotated, when the log is the log of another job of the same
+        O(state_dir) that runs (its records sound and its main process proven alive) or that another task
+        works on now (its lock held), or shares that log's rotation (C(LOG.N), C(LOG.failed) in the same
+        directory). Logs are compared as files (device and inode), not as spellings. A record of a run
+        that ended blocks nothing. Jobs kept under another O(state_dir) are not seen.
+      - A log among a job's records (in O(state_dir)C(/NAME)) is refused.
       - Required with O(state=started), O(state=restarted) and O(state=probe).
     type: path
   keep_logs:

@@ -276,6 +276,36 @@ def hostile(target: Target, name: str, **options: Any) -> dict[str, Any]:
     return target.launch_task(name=name, task_name=name, command=[PYTHON, "-c", HOSTILE_JOB], **settings)
 
 
+def test_a_second_job_on_the_first_jobs_log_is_refused_before_anything_changes(target: Target) -> None:
+    """Two jobs cannot share a log, however it is spelt: the second's start would rotate the first's live log away."""
+    first = target.play([target.launch_task(name="first")]).result("launch")
+    assert first["running"] is True
+    (target.work / "linked").symlink_to(target.work)  # root's link in a directory only root may write
+    spellings = {"same": target.log(), "slashes": "/" + target.log(), "dot": f"{target.work}/./train.log",
+                 "linked directory": f"{target.work}/linked/train.log", "its rotation": target.log() + ".1"}
+    tasks = [dict(target.launch_task(name="second", task_name=case, log_path=path), ignore_errors=True)
+             for case, path in spellings.items()]
+    tasks.append(dict(target.launch_task(name="second", task_name="probe", state="probe", log_path="/" + target.log()),
+                      ignore_errors=True))
+    run = target.play(tasks)
+    for case in (*spellings, "probe"):
+        refused = run.result(case)
+        assert refused["failed"] is True and refused["changed"] is False, (case, refused)
+        assert [problem["option"] for problem in refused["option_problems"]] == ["log_path"], case
+        assert "job 'first'" in refused["msg"] and f"pid {first['pid']}" in refused["msg"], refused["msg"]
+    # Nothing changed: the first job runs, writes the same log, which was not rotated.
+    assert not Path(target.log() + ".1").exists() and not (Path(target.state_dir) / "second" / "run.json").exists()
+    health = target.play([target.launch_task(name="first", task_name="health", state="health")]).result("health")
+    assert health["health"]["state"] == "running" and health["pid"] == first["pid"]
+    # Once the first job ended, its record blocks nothing.
+    stop = {"name": "stop", "gpuops.relaunch.train_launch": {"name": "first", "state": "stopped",
+                                                             "state_dir": target.state_dir, "term_timeout": 5}}
+    second = target.launch_task(name="second", task_name="second", log_path="/" + target.log())
+    after = target.play([stop, second])
+    assert after.result("stop")["changed"] is True
+    assert after.result("second")["running"] is True and after.result("second")["rotated_log"] == "/" + target.log() + ".1"
+
+
 def test_a_jobs_terminal_escapes_reach_results_and_messages_only_escaped(target: Target) -> None:
     started = target.play([hostile(target, "loud")]).result("loud")
     assert started["running"] is True, started

@@ -50,10 +50,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan impor
     would_resume,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.sharing import check_not_shared
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions, preflight_start
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import KILL_WAIT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 # remove_path: the tests' and other callers' name for the executor's removal.
@@ -309,18 +310,25 @@ class LaunchController:
         return result
 
     def _preflight(self, result: dict[str, Any]) -> None:
-        """Everything the start needs (spec.preflight_start), before anything is stopped, rotated or created.
+        """Everything the start needs (spec.preflight_start), and a log no other live job holds (sharing.py),
+        before anything is stopped, rotated or created.
 
         The probe (state=probe, and check mode) fails here too, so a relaunch it lets through does not
         stop a healthy job and then fail.
         """
         if self.preflight_passed:
             return
-        try:
-            preflight_start(self.options)
-        except OptionsInvalid as exc:
-            result["option_problems"] = exc.as_result()["option_problems"]
-            raise LaunchError(str(exc), result) from None
+        problems: list[BadOption] = []
+        # The machine's checks, then the other jobs': a log another live job writes is never taken over.
+        for check in (lambda: preflight_start(self.options), lambda: check_not_shared(self.options, self.proc_root)):
+            try:
+                check()
+            except OptionsInvalid as exc:
+                problems.extend(exc.problems)
+        if problems:
+            invalid = OptionsInvalid(problems)
+            result["option_problems"] = invalid.as_result()["option_problems"]
+            raise LaunchError(str(invalid), result)
         self.preflight_passed = True
 
     def _create_log(self, user: str | None, group: str | None) -> None:

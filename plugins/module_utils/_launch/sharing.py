@@ -1,0 +1,174 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Two jobs never share a log: a start refuses the live log of another job, and a log among records.
+
+A second job started on the first one's log rotates that log away while it runs: the first job then
+writes into ``LOG.1``, its stall detection reads the second one's progress, and its next start moves
+the second job's log in turn. So, before anything is stopped or rotated, a start looks at the other
+jobs of its state_dir (``state_dir/NAME`` each):
+
+* those proven live - their records sound and their main process alive by the same proof as the stop
+  path's (its run's mark, descent from its supervisor, its unit) - with the log their run.json names;
+  a record of a run that ended, or one naming a process that is not the run's, blocks nothing;
+* those another task works on right now (their lock held), with the log their launch.json names: a
+  start of theirs may be under way.
+
+A log is the other's when it is the same file (device and inode, whatever the spelling: ``//``,
+``/./``, a root's symlinked directory, a hard link), or when it shares a rotation with it: the same
+directory (device and inode) and a name of the other's rotation (``LOG.1``, ``LOG.2`` ..., ``LOG.failed``)
+or the other way round - each job's rotation would move the other's live log.
+
+A log among a job's records (in ``state_dir/NAME``, this job's too) is refused as well: its rotation
+would rename the records.
+
+Only jobs under the same state_dir are seen: a job kept under another state_dir is not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from dataclasses import dataclass
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import LAUNCH_FILE
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN, LaunchOptions
+
+# At most this many entries of state_dir are looked at (a bound on the work of one start).
+MAX_JOBS = 4096
+# What the rotation appends to a log's name (logs.rotated_name, logs.failed_log_name).
+_ROTATION_SUFFIX = re.compile(r"\.(?:[0-9]+|failed)")
+
+Identity = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class LogSpot:
+    """Where a log lies: its directory as walked (device, inode), its name, and the file there, if any."""
+
+    directory: Identity
+    name: str
+    file: Identity | None
+
+
+def _identity(info: os.stat_result) -> Identity:
+    return (info.st_dev, info.st_ino)
+
+
+def locate(path: str) -> LogSpot | None:
+    """Where `path` lies, its directory walked as the start walks it; None if it cannot be reached."""
+    try:
+        directory, name = safepath.split(path)
+        with safepath.walk(directory) as parent:
+            info = safepath.lstat_at(parent.fd, name)
+            return LogSpot(_identity(os.fstat(parent.fd)), name, _identity(info) if info is not None else None)
+    except OSError:
+        return None
+
+
+def _in_rotation_of(name: str, log_name: str) -> bool:
+    """Whether `name` is `log_name` or one of the names its rotation gives (LOG.N, LOG.failed)."""
+    return name == log_name or (name.startswith(log_name)
+                                and _ROTATION_SUFFIX.fullmatch(name[len(log_name):]) is not None)
+
+
+def shares(ours: LogSpot, theirs: LogSpot) -> bool:
+    """Whether two logs are one file, or one's rotation would move the other."""
+    if ours.file is not None and ours.file == theirs.file:
+        return True
+    return ours.directory == theirs.directory and (
+        _in_rotation_of(ours.name, theirs.name) or _in_rotation_of(theirs.name, ours.name))
+
+
+def _job_names(state_dir: str) -> list[str]:
+    """The job directories' names in state_dir (as many as MAX_JOBS); none if it cannot be listed."""
+    try:
+        with safepath.walk(state_dir, listable=True) as found:
+            names = os.listdir(found.fd)
+    except OSError:
+        return []
+    return sorted(name for name in names if NAME_PATTERN.match(name))[:MAX_JOBS]
+
+
+def _worked_on(job_dir: str) -> bool:
+    """Whether another train_launch task holds the job's lock now (a shared lock is refused at once)."""
+    try:
+        fd = safepath.open_regular(os.path.join(job_dir, ".lock"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def _claims(records: JobRecords) -> list[tuple[str, str]]:
+    """The logs another job holds now: (log_path, what it does with it)."""
+    claims: list[tuple[str, str]] = []
+    status = records.status()
+    if status.running and status.run is not None and isinstance(status.run.get("log_path"), str):
+        claims.append((status.run["log_path"], f"runs (pid {status.run.get('pid')})"))
+    if _worked_on(records.job_dir):
+        launch = records.read(LAUNCH_FILE)
+        if launch is not None and isinstance(launch.get("log_path"), str):
+            claims.append((launch["log_path"], "is being worked on by another task now (its lock is held)"))
+    return claims
+
+
+def _directory_identity(path: str) -> Identity | None:
+    try:
+        with safepath.walk(path) as found:
+            return _identity(os.fstat(found.fd))
+    except OSError:
+        return None
+
+
+def sharing_problems(options: LaunchOptions, proc_root: str = "/proc") -> list[str]:
+    """Why options.log_path cannot be this job's log (see the module doc); empty when it can."""
+    log_path = options.log_path
+    if log_path is None:
+        return []
+    ours = locate(log_path)
+    problems: list[str] = []
+    if os.path.dirname(log_path) == os.path.normpath(options.job_dir) and ours is None:
+        problems.append(f"{log_path!r} lies in the state directory of job {options.name!r} "
+                        f"({options.job_dir!r}), among its records (the log's rotation renames files in its "
+                        "directory); put the log elsewhere")
+    if ours is None:
+        return problems  # no directory yet: no file of another job is there
+    for name in _job_names(options.state_dir):
+        job_dir = os.path.join(options.state_dir, name)
+        if _directory_identity(job_dir) == ours.directory:
+            problems.append(f"{log_path!r} lies in the state directory of job {name!r} ({job_dir!r}), "
+                            "among its records (the log's rotation renames files in its directory); put the log elsewhere")
+            continue
+        if name == options.name:
+            continue
+        for theirs_path, how in _claims(JobRecords(job_dir, proc_root)):
+            theirs = locate(theirs_path)
+            if theirs is None or not shares(ours, theirs):
+                continue
+            same = ours.file is not None and ours.file == theirs.file or ours.name == theirs.name
+            what = "is the log" if same else "is in the log rotation (LOG.N, LOG.failed)"
+            problems.append(
+                f"{log_path!r} {what} of job {name!r}, which {how}; its log is {theirs_path!r} (its records are "
+                f"in {job_dir!r}). Two jobs cannot share a log: the start would rotate the other job's live log "
+                "away and each would read the other's progress. Give each job a log_path of its own "
+                "(nothing was stopped or rotated)")
+            break
+    return problems
+
+
+def check_not_shared(options: LaunchOptions, proc_root: str = "/proc") -> None:
+    """OptionsInvalid naming log_path when the log is another job's (see sharing_problems)."""
+    problems = sharing_problems(options, proc_root)
+    if problems:
+        raise OptionsInvalid([BadOption("log_path", problem) for problem in problems])
