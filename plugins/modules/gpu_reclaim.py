@@ -25,10 +25,20 @@ description:
     pids are not this PID namespace's (see O(driver_pids))."
   - "Only proven holders are signalled: the driver's list of pids is a hint, not a proof. It goes
     stale (DataLoader workers keep the CUDA device files open after the listed main process has
-    died) and its pids get reused by unrelated processes. A listed process is signalled only if it
-    holds an open file matching O(gpu_device_glob) at the moment of the signal (a C(Zl) leader by
-    its live threads' files in C(/proc/PID/task/TID/fd)); one that holds none is returned in
-    RV(not_holding) (and in RV(spared) with reason V(not_holding)) and never signalled."
+    died) and its pids get reused by unrelated processes. A listed process is signalled only if,
+    at the moment of the signal, it holds open the device file of a GPU the driver lists it on:
+    the character device with the NVIDIA driver's major number 195 and that GPU's minor number as
+    NVML gives it (C(nvmlDeviceGetMinorNumber); C(/dev/nvidiaN) for minor N), told by the kernel's
+    device numbers of the file its descriptor leads to, never by a name (a C(Zl) leader by its live
+    threads' files in C(/proc/PID/task/TID/fd)). C(/dev/nvidiactl), C(/dev/nvidia-uvm) and
+    C(/dev/nvidia-modeset), which GPU users share, and another GPU's C(/dev/nvidiaM) prove nothing.
+    One that does not hold it is returned in RV(not_holding) (and in RV(spared) with reason
+    V(not_holding)), with what it holds instead, and never signalled."
+  - "Where a GPU's minor number is not known (the NVML call fails or is not supported, or
+    O(backend=nvidia-smi), which does not report it), nothing proves a holder of that GPU: its
+    holders are returned in RV(spared) with reason V(device_unknown) and never signalled, rather
+    than judged by any NVIDIA file they hold. Ending holders therefore needs the NVML bindings
+    (O(backend=pynvml), or V(auto) where they are installed)."
   - "Identity: the process table is read before the driver is asked, so a listed pid is identified
     by the (pid, start time) it had in that table. Each signal goes through the collection's one
     signal gate: the process is pinned with a pidfd (C(pidfd_open), Linux 5.3+) and only then its
@@ -52,7 +62,8 @@ author:
   - gpuops.relaunch maintainers (@gpuops)
 requirements:
   - On the target, the NVIDIA driver and either the Python bindings C(pynvml) (package C(nvidia-ml-py)) for the
-    interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)).
+    interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)). Holders are signalled only
+    with the bindings, which give each GPU's minor number.
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.platform
@@ -144,9 +155,10 @@ options:
   gpu_device_glob:
     description:
       - Shell glob over the targets of open file descriptors (C(/proc/PID/fd/*), and
-        C(/proc/PID/task/TID/fd/*) for a C(Zl) leader) that proves a listed process holds a GPU, as in
-        M(gpuops.relaunch.zombie_facts). A listed process with no such file open is not signalled
-        (RV(not_holding)).
+        C(/proc/PID/task/TID/fd/*) for a C(Zl) leader) where the device files of the GPUs are
+        looked for. Of the files matching it, only the character device of the GPU the process is
+        listed on (major 195, the GPU's minor number from NVML) proves that it holds that GPU; a
+        listed process holding no such file is not signalled (RV(not_holding)).
       - An absolute path glob that names the device files. Refused when its file name begins with a
         wildcard or it matches a file nearly every process holds (C(/dev/null), a terminal), because
         such a glob would prove any process a holder.
@@ -252,8 +264,10 @@ spared:
       others must still let go of the GPU for the release, they are
       V(zombie) (no signal ends it), V(gone) (listed, but no such process), V(recycled) (its pid now
       belongs to another process, which was not signalled), V(appeared) (newer than the look),
-      V(invisible) (a host pid seen from another PID namespace, see O(driver_pids)), V(denied) and
-      V(not_holding) (listed, but holds no file matching O(gpu_device_glob), see RV(not_holding)).
+      V(invisible) (a host pid seen from another PID namespace, see O(driver_pids)), V(denied),
+      V(not_holding) (listed, but holds no device file of that GPU, see RV(not_holding)) and
+      V(device_unknown) (listed on a GPU whose minor number is not known, so that holding it cannot be
+      proven; the C(detail) says why the number is not known).
   returned: success
   type: list
   elements: dict
@@ -261,15 +275,17 @@ spared:
             reason: allow_listed, detail: "matches allow pattern '/usr/bin/dcgm-exporter\\\\b'"}]
 not_holding:
   description:
-    - Listed holders that held no open file matching O(gpu_device_glob), in the look or when they were
-      to be signalled, so were never signalled (the same entries are in RV(spared) with reason
-      V(not_holding)). The driver's listing of them is stale, or their pid now names another process;
-      while the driver still lists them the GPUs are not released.
+    - Listed holders that held no device file of the GPUs they are listed on (major 195, each GPU's
+      minor number from NVML), in the look or when they were to be signalled, so were never signalled
+      (the same entries are in RV(spared) with reason V(not_holding)); the C(detail) names what they
+      hold instead (another GPU's device file, only the shared ones, or none). The driver's listing of
+      them is stale, or their pid now names another process; while the driver still lists them the
+      GPUs are not released.
   returned: success
   type: list
   elements: dict
   sample: [{pid: 4377, starttime: 1023311, comm: bash, cmdline: bash, gpus: [0], used_mib: 40960.0, reason: not_holding,
-            detail: "holds no open file matching gpu_device_glob '/dev/nvidia*' in the look: ..."}]
+            detail: "holds /dev/nvidia1 (char 195:1), another GPU's device file, and no device file of GPU 0 (char 195:0) in the look: ..."}]
 remaining:
   description: Targets that were signalled and still run (O(kill=false), or stuck), with their C(state).
   returned: success
@@ -279,7 +295,7 @@ remaining:
 signals:
   description:
     - Every signal tried, with C(result) V(sent), V(gone), V(recycled), V(denied), V(refused) or V(not_holding)
-      (the target held no GPU device file any more when it was pinned), and C(elapsed) seconds.
+      (the target held no device file of its GPU any more when it was pinned), and C(elapsed) seconds.
   returned: success
   type: list
   elements: dict
@@ -319,8 +335,9 @@ findings:
     - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
       findings), here a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running),
       V(zombie), V(unreaped_orphan), V(zombie_leader), V(uninterruptible), V(invisible),
-      V(unlisted_memory), V(gpu_condition)), V(permission_denied) or V(not_holding) (a listed pid, not
-      signalled, that holds no device file, so what holds the memory is not listed).
+      V(unlisted_memory), V(gpu_condition)), V(permission_denied), V(not_holding) (a listed pid, not
+      signalled, that holds no device file of its GPU, so what holds the memory is not listed) or
+      V(not_signalled) (a listed pid on a GPU whose minor number is not known, not signalled).
   returned: success
   type: list
   elements: dict

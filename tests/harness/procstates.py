@@ -74,7 +74,8 @@ r, w = os.pipe()
 child = os.fork()
 if child == 0:
     os.close(r)
-    held = open(hold, "rb") if hold else None
+    # O_PATH: a stand-in device node (a character device with no driver behind it) opens so too.
+    held = os.open(hold, os.O_PATH) if hold else None
     threading.Thread(target=sleeper, daemon=False, name="linger").start()
     os.write(w, b"x")
     # ctypes drops the GIL around the call, so the other thread keeps running.

@@ -8,9 +8,11 @@ ansible-playbook with a local connection inside the namespace, and reports what 
 and which holders are still alive. If anything ever gave way, what it could end is only what the
 scene started; the namespace dies with the test.
 
-"Holds a GPU" is real too: a file in the scene's directory stands for /dev/nvidia0, the holders
-that use the GPU keep it open, and every run names it with ``gpu_device_glob``
-(``reclaim_gpu_device_glob``); a listed process without it open is never signalled.
+"Holds a GPU" is real too: character device nodes in the scene's directory, made with the NVIDIA
+driver's numbers (``/dev/nvidiaN`` is 195:N, ``/dev/nvidiactl`` 195:255), stand for the device files;
+the holders that use a GPU keep its node open, and every run names them with ``gpu_device_glob``
+(``reclaim_gpu_device_glob``). A listed process is signalled only if it holds the node of the GPU
+it is listed on, the minor number NVML gives for that GPU.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ BIN = Path(sys.executable).parent
 PRIVATE_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
 
 SCENE_PRELUDE = textwrap.dedent(r"""
-    import json, os, signal, subprocess, sys, time
+    import json, os, signal, stat, subprocess, sys, time
     from pathlib import Path
     repo, work, venv_bin = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     sys.path[:0] = [str(repo / ".build" / "collections"), str(repo)]
@@ -39,25 +41,36 @@ SCENE_PRELUDE = textwrap.dedent(r"""
     from tests.harness.procstates import ORPHAN, PYTHON, ZOMBIE_LEADER
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 
-    # The file that stands for /dev/nvidia0, and the glob every run is given.
-    GPU_FILE = work / "dev" / "nvidia0"
-    GPU_FILE.parent.mkdir()
-    GPU_FILE.write_bytes(b"")
-    GPU_GLOB = str(GPU_FILE.parent / "nvidia*")
+    # Stand-ins of the NVIDIA device files: real character devices with the driver's numbers
+    # (/dev/nvidiaN is 195:N; /dev/nvidiactl, 195:255, every GPU user holds whatever its GPU). With
+    # no driver behind them they cannot be opened for reading, so holders open them with O_PATH:
+    # the fd is in /proc/PID/fd all the same and leads to the node. The glob every run is given.
+    DEV = work / "dev"
+    DEV.mkdir()
+
+    def char_node(name, minor, major=195):
+        os.mknod(DEV / name, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+        return DEV / name
+
+    GPU_FILE = char_node("nvidia0", 0)
+    NODES = {name: char_node(name, minor) for name, minor in (("nvidia1", 1), ("nvidia4", 4), ("nvidia5", 5),
+                                                              ("nvidiactl", 255))}
+    GPU_GLOB = str(DEV / "nvidia*")
 
     # A holder: a sleeper whose command line carries its tag; "stubborn" ignores SIGTERM, and says
-    # it is ready only once it does. Given a device file, it keeps it open (as a CUDA process keeps
-    # /dev/nvidia*) until SIGUSR1 makes it let go ("closed").
-    HOLD = ("import signal, sys, time\n"
+    # it is ready only once it does. Given device files (":"-joined), it keeps them open (as a CUDA
+    # process keeps /dev/nvidia*) until SIGUSR1 makes it let go ("closed").
+    HOLD = ("import os, signal, sys, time\n"
             "if sys.argv[1] == 'stubborn':\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "held = open(sys.argv[3], 'rb') if sys.argv[3] else None\n"
-            "def let_go(*_):\n    held.close()\n    print('closed', flush=True)\n"
+            "held = [os.open(path, os.O_PATH) for path in sys.argv[3].split(':') if path]\n"
+            "def let_go(*_):\n    for fd in held:\n        os.close(fd)\n    print('closed', flush=True)\n"
             "signal.signal(signal.SIGUSR1, let_go)\n"
             "print('ready', flush=True)\n"
             "while True:\n    time.sleep(3600)\n")
 
     def start_holder(kind, tag, device_file=GPU_FILE):
-        proc = subprocess.Popen([PYTHON, "-c", HOLD, kind, tag, str(device_file or "")], stdin=subprocess.DEVNULL,
+        files = device_file if isinstance(device_file, (list, tuple)) else [device_file] if device_file else []
+        proc = subprocess.Popen([PYTHON, "-c", HOLD, kind, tag, ":".join(str(f) for f in files)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert proc.stdout.readline().strip() == "ready"
         return proc
@@ -95,13 +108,25 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
     gpu.directory.mkdir()
     for _ in range(3):
         gpu.add_device()
+    # GPU 3 is the device whose minor number NVML gives as 5 (not its index); GPU 4's minor number
+    # NVML cannot give (as for a MIG device, or a failing call).
+    gpu.add_device(minor_number=5)
+    gpu.add_device()
+    gpu.fault("nvmlDeviceGetMinorNumber", "NOT_SUPPORTED", device=4)
     kinds = {"victim": ("plain", "ci/job/train.py", 0, 4096), "stubborn": ("stubborn", "ci/job/eval.py", 1, 2048),
              "allowed": ("plain", "agent/dcgm-exporter", 0, 80), "guarded": ("plain", "agent/gpuops-guarded-monitor", 1, 64),
-             "elsewhere": ("plain", "ci/job/other.py", 2, 1024)}
+             "elsewhere": ("plain", "ci/job/other.py", 2, 1024), "owner": ("plain", "ci/job/gpu3.py", 3, 512),
+             "cross": ("plain", "ci/job/gpu1-user.py", 3, 256), "unproven": ("plain", "ci/job/gpu4.py", 4, 256)}
+    # The holders of GPU 1 hold its node (195:1), those of GPU 0 GPU_FILE (195:0).
+    # "elsewhere" is listed on GPU 2 but has no device file open: a stale listing. On GPU 3, "owner"
+    # holds GPU 3's node (195:5) and "cross" only GPU 1's (195:1); both hold /dev/nvidiactl, as every
+    # CUDA process does. "unproven" holds GPU 4's node, whose number NVML does not give.
+    files = {"stubborn": NODES["nvidia1"], "guarded": NODES["nvidia1"], "elsewhere": None,
+             "owner": [NODES["nvidiactl"], NODES["nvidia5"]],
+             "cross": [NODES["nvidiactl"], NODES["nvidia1"]], "unproven": [NODES["nvidiactl"], NODES["nvidia4"]]}
     holders = {}
     for name, (kind, tag, device, mib) in kinds.items():
-        # "elsewhere" is listed on GPU 2 but has no device file open: a stale listing.
-        proc = start_holder(kind, f"{work}/{tag}", None if name == "elsewhere" else GPU_FILE)
+        proc = start_holder(kind, f"{work}/{tag}", files.get(name, GPU_FILE))
         holders[name] = {"pid": proc.pid, "starttime": starttime(proc.pid), "proc": proc}
         gpu.register(proc.pid, mib, device)
     gpu.register(1, 16, 0)  # this scene, PID 1 of the namespace, holds memory too
@@ -161,6 +186,14 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
         {"name": "no GPU, required", "gpuops.relaunch.gpu_reclaim": {"devices": ["all"]}, "environment": no_driver,
          "ignore_errors": True},
     ]
+    # Not bad options: the proof of holding, case by case on GPUs 3 and 4 (left alone by the other runs).
+    bad[0]["tasks"] += [
+        {"name": name, "gpuops.relaunch.gpu_reclaim": {"devices": [index], "driver_pids": "own_namespace",
+                                                       "gpu_device_glob": GPU_GLOB, "term_timeout": 1.5,
+                                                       "release_timeout": 0.5, "poll_interval": 0.1},
+         "ignore_errors": True}
+        for name, index in [("GPU 3, holders of its own and of another GPU's device file", 3),
+                            ("GPU 4, whose minor number NVML cannot give", 4)]]
     (work / "bad.yml").write_text(json.dumps(bad))
     report = {"pids": {name: h["pid"] for name, h in holders.items()}}
     report["bad_options"] = play("bad_options", {"ansible_python_interpreter": PYTHON}, playbook=str(work / "bad.yml"))
@@ -272,9 +305,22 @@ RECYCLE_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
     stuck = reclaim(source, options_from_params(dict(params, release_timeout=0.5))).as_dict()
     report["stuck"] = {key: stuck[key] for key in ("spared", "signals", "released", "escalation", "findings", "holders")}
     os.waitpid(orphan, 0)
-    source.close()
     maker.kill()
     maker.wait()
+
+    # Both listed on GPU 0 (minor 0), both holding /dev/nvidiactl; "other" holds GPU 1's device
+    # file, not GPU 0's: only "owner" is signalled.
+    owner = start_holder("plain", "/w/ci/gpu0-user.py", [NODES["nvidiactl"], GPU_FILE])
+    other = start_holder("plain", "/w/ci/gpu1-user.py", [NODES["nvidiactl"], NODES["nvidia1"]])
+    gpu.register(owner.pid, 1024)
+    gpu.register(other.pid, 1024)
+    result = reclaim(source, options_from_params(dict(params, release_timeout=0.3))).as_dict()
+    report["cross"] = {"owner": owner.pid, "other": other.pid, "other_alive": other.poll() is None,
+                       **{key: result[key] for key in keys}}
+    owner.wait()
+    other.kill()
+    other.wait()
+    source.close()
     print(json.dumps(report))
 """)
 
@@ -318,7 +364,8 @@ def test_reclaim_ends_the_unlisted_holders_and_spares_the_allow_listed_and_prote
     assert reasons[pids["allowed"]] == "allow_listed" and reasons[pids["guarded"]] == "protected"
     assert reasons[1] == "pid1" and reasons[run["shell"]] == "ancestor"
     assert pids["elsewhere"] not in reasons  # GPU 2 was not chosen: its holder is not even looked at
-    assert run["alive"] == {"victim": False, "stubborn": False, "allowed": True, "guarded": True, "elsewhere": True}
+    assert run["alive"] == {"victim": False, "stubborn": False, "allowed": True, "guarded": True, "elsewhere": True,
+                            "owner": False, "cross": True, "unproven": True}  # "owner": ended on GPU 3 in bad_options
     # Per-device memory: GPU 0 keeps what the spared holders use.
     gpus = {g["index"]: g for g in result["gpus"]}
     assert set(gpus) == {0, 1}
@@ -362,7 +409,7 @@ def test_check_mode_reports_what_it_would_end_and_ends_nothing(playbook_scene):
     assert result["changed"] is True and result["signals"] == [] and result["ended"] == []
     assert sorted(t["pid"] for t in result["targets"]) == sorted([pids["victim"], pids["stubborn"]])
     assert result["msg"].startswith("check mode: would end 2 holder(s)")
-    assert all(run["alive"].values()), run["alive"]
+    assert {name for name, alive in run["alive"].items() if not alive} == {"owner"}, run["alive"]  # ended on GPU 3
     summary = run["custom_stats"]["reclaim_summary"]["localhost"]
     assert summary["check_mode"] is True and summary["ended"] == []
     assert sorted(summary["would_end"]) == sorted([pids["victim"], pids["stubborn"]])
@@ -389,14 +436,36 @@ def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
     assert "an empty list never means all" in tasks["empty devices"]["msg"]
     assert "devices: no GPU 7 on this host" in tasks["unknown GPU"]["msg"]
     assert "gpu_device_glob: must name the GPU device files" in tasks["glob of any file"]["msg"]
-    assert all(run["alive"].values()), run["alive"]
+    assert {name for name, alive in run["alive"].items() if not alive} == {"owner"}, run["alive"]  # ended on GPU 3
     optional, required = tasks["no GPU, optional"], tasks["no GPU, required"]
     assert not optional.get("failed") and optional["gpu_present"] is False and optional["changed"] is False, optional
     assert required["failed"] is True and required["error_kind"] == "library_not_found", required
     # The playbook refuses an empty reclaim_devices itself, naming its variable.
     refused = playbook_scene["no_devices"]
-    assert refused["rc"] != 0 and all(refused["alive"].values())
+    assert refused["rc"] != 0 and {name for name, alive in refused["alive"].items() if not alive} == {"owner"}
     assert "reclaim_devices must list the GPUs" in refused["tasks"]["Refuse a run that does not name the GPUs"]["msg"]
+
+
+def test_only_a_holder_of_the_gpus_own_device_file_is_signalled(playbook_scene):
+    """GPU 3's minor number is 5: "owner" holds 195:5 and is ended; "cross", listed on GPU 3 too, holds
+    only GPU 1's device file (and /dev/nvidiactl) and is not signalled, saying why; on GPU 4, whose
+    minor number NVML cannot give, nothing proves a holder and nothing is signalled."""
+    run, pids = playbook_scene["bad_options"], playbook_scene["pids"]
+    gpu3 = run["tasks"]["GPU 3, holders of its own and of another GPU's device file"]
+    assert [(e["pid"], e["signal"]) for e in gpu3["ended"]] == [(pids["owner"], "SIGTERM")], gpu3["msg"]
+    assert {s["pid"] for s in gpu3["signals"]} == {pids["owner"]} and gpu3["changed"] is True
+    (entry,) = gpu3["not_holding"]
+    assert entry["pid"] == pids["cross"] and "gpu1-user.py" in entry["cmdline"]
+    assert "no device file of GPU 3 (char 195:5)" in entry["detail"] and "/dev/nvidia1 (char 195:1)" in entry["detail"]
+    assert gpu3["released"] is False and gpu3["failed"] is True  # "cross" is still listed
+    assert any(f["kind"] == "not_holding" and f["pids"] == [pids["cross"]] for f in gpu3["findings"])
+    gpu4 = run["tasks"]["GPU 4, whose minor number NVML cannot give"]
+    assert gpu4["signals"] == [] and gpu4["ended"] == [] and gpu4["changed"] is False
+    assert [(e["pid"], e["reason"]) for e in gpu4["spared"]] == [(pids["unproven"], "device_unknown")]
+    assert "GPU 4's device file is not known" in gpu4["spared"][0]["detail"]
+    assert "nvmlDeviceGetMinorNumber" in gpu4["spared"][0]["detail"] and "Not Supported" in gpu4["spared"][0]["detail"]
+    assert any(f["kind"] == "not_signalled" and f["pids"] == [pids["unproven"]] for f in gpu4["findings"])
+    assert run["alive"]["cross"] is True and run["alive"]["unproven"] is True and run["alive"]["owner"] is False
 
 
 @pytest.fixture(scope="module")
@@ -462,3 +531,14 @@ def test_a_zombie_holder_under_a_non_reaping_init_needs_a_container_restart(recy
     (holder,) = stuck["holders"]
     assert holder["kind"] == "unreaped_orphan" and holder["parent"]["pid"] == 1
     assert stuck["findings"][0]["kind"] == "unreaped_orphan" and stuck["findings"][0]["escalation"] == "container_reboot"
+
+
+def test_a_process_holding_only_another_gpus_device_file_is_not_signalled_for_this_gpu(recycle_scene):
+    cross = recycle_scene["cross"]
+    assert [(s["pid"], s["signal"], s["result"]) for s in cross["signals"]] == [(cross["owner"], "SIGTERM", "sent")]
+    assert [e["pid"] for e in cross["ended"]] == [cross["owner"]]
+    assert cross["other_alive"] is True
+    (entry,) = cross["not_holding"]
+    assert entry["pid"] == cross["other"] and "no device file of GPU 0 (char 195:0)" in entry["detail"]
+    assert "nvidia1 (char 195:1)" in entry["detail"]
+    assert cross["released"] is False  # "other" is still listed on GPU 0

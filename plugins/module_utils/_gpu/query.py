@@ -113,6 +113,10 @@ class GpuDevice:
     used_bytes: int
     reserved_bytes: int | None = None
     processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+    # The minor number of its character device (/dev/nvidiaN is 195:N), which proves that a process
+    # holds this GPU and not another one; None where the driver could not say, and `minor_unknown` why.
+    minor_number: int | None = None
+    minor_unknown: str = ""
 
     @property
     def used_mib(self) -> float:
@@ -144,6 +148,25 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+# Minor numbers of the NVIDIA driver's GPU devices, /dev/nvidia0 to /dev/nvidia247 (the driver's
+# NV_MINOR_DEVICE_NUMBER_REGULAR_MAX); 254 is /dev/nvidia-modeset and 255 /dev/nvidiactl, which no GPU has.
+MAX_GPU_MINOR = 247
+NVIDIA_SMI_MINOR_UNKNOWN = "the nvidia-smi backend does not report device minor numbers (the pynvml backend does)"
+
+
+def _nvml_minor_number(pynvml: Any, handle: Any) -> tuple[int | None, str]:
+    """(minor number, "") of the GPU's character device, or (None, why NVML could not give it)."""
+    try:
+        minor = pynvml.nvmlDeviceGetMinorNumber(handle)
+    except pynvml.NVMLError as exc:
+        return None, f"nvmlDeviceGetMinorNumber failed: {exc} ({type(exc).__name__})"
+    except AttributeError:
+        return None, "these NVML bindings have no nvmlDeviceGetMinorNumber"
+    if not isinstance(minor, int) or isinstance(minor, bool) or not 0 <= minor <= MAX_GPU_MINOR:
+        return None, f"nvmlDeviceGetMinorNumber gave {minor!r}, not a GPU's minor number (0 to {MAX_GPU_MINOR})"
+    return minor, ""
+
+
 def _nvml_devices(pynvml: Any, indices: list[int] | None) -> list[dict[str, Any]]:
     """Runs in the child: the facts of the requested GPUs as plain data."""
     count = pynvml.nvmlDeviceGetCount()
@@ -164,6 +187,7 @@ def _nvml_devices(pynvml: Any, indices: list[int] | None) -> list[dict[str, Any]
             {"pid": int(p.pid), "used_bytes": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
         ]
+        minor_number, minor_unknown = _nvml_minor_number(pynvml, handle)
         devices.append({
             "index": index,
             "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
@@ -172,6 +196,8 @@ def _nvml_devices(pynvml: Any, indices: list[int] | None) -> list[dict[str, Any]
             "used_bytes": int(memory.used),
             "reserved_bytes": None if reserved is None else int(reserved),
             "processes": processes,
+            "minor_number": minor_number,
+            "minor_unknown": minor_unknown,
         })
     return devices
 
@@ -360,6 +386,8 @@ def _device_from_dict(data: dict[str, Any]) -> GpuDevice:
         used_bytes=data["used_bytes"],
         reserved_bytes=data.get("reserved_bytes"),
         processes=tuple(GpuProcess(p["pid"], p["used_bytes"]) for p in data.get("processes", [])),
+        minor_number=data.get("minor_number"),
+        minor_unknown=data.get("minor_unknown", ""),
     )
 
 
@@ -408,6 +436,7 @@ def parse_nvidia_smi(gpus_csv: str, apps_csv: str) -> list[GpuDevice]:
                 total_bytes=_mib_cell(total) or 0,
                 used_bytes=_mib_cell(used) or 0,
                 processes=tuple(processes.get(uuid, ())),
+                minor_unknown=NVIDIA_SMI_MINOR_UNKNOWN,
             ))
         except ValueError as exc:
             raise GpuQueryError(NVML_ERROR, f"unexpected nvidia-smi GPU line: {index}, {uuid}, {name}") from exc

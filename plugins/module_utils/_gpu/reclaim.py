@@ -11,18 +11,26 @@ the selection is "the holders the driver lists on these GPUs", less what must be
 * what signals cannot end or that cannot be identified: a plain zombie (its parent must reap it),
   a pid the driver lists that no longer exists, and every listed pid where the driver's pids are
   not this namespace's (a container sees host pids: the same number names another process here);
-* what does not hold a GPU device file (``gpu_device_glob``) now: the driver's list is a hint, not
-  a proof. It goes stale (DataLoader workers keep the CUDA files after the listed main process has
-  died) and its pids get reused, so a listed pid whose process holds no device file is reported
-  ``not_holding`` and never signalled. A ``Zl`` leader holds through its live threads' files.
+* what does not hold the device file of a GPU it is listed on, now: the driver's list is a hint,
+  not a proof. It goes stale (DataLoader workers keep the CUDA files after the listed main process
+  has died) and its pids get reused, so a listed pid whose process does not hold that file is
+  reported ``not_holding`` and never signalled. "That file" is the character device with the NVIDIA
+  major (195) and the GPU's minor number from NVML (``/dev/nvidiaN``), told by the kernel's numbers
+  of the file the fd leads to, not by a name: ``/dev/nvidiactl`` and ``/dev/nvidia-uvm`` are held by
+  every GPU user and another GPU's ``/dev/nvidiaM`` proves nothing about this one. Where a GPU's
+  minor number is not known (the NVML call fails or is not supported, or the nvidia-smi backend,
+  which does not report it), nothing proves a holder of that GPU: its holders are spared
+  (``device_unknown``), never judged by "any NVIDIA file".
+  ``gpu_device_glob`` narrows the paths looked at. A ``Zl`` leader holds through its live threads' files.
 
 Identity. The driver lists bare pids, with no start time. The process table is read *before* the
 driver is asked, so a listed pid found in that table with the same start time at signal time has
 been that very process all along (a pid is not reused while its process exists): the table's
 (pid, starttime) is the identity, and the one signal gate (``_base/signal_gate.py``) pins it with
 a pidfd and checks the start time again, so a pid recycled at any moment is never signalled.
-The gate also runs the device-file check (:func:`holds_gpu_device`, its proof) on the pinned
-process, before every signal: the look of the plan only says what a check-mode run would end.
+The gate also runs the device-file check (:func:`holds_gpu_device`, its proof, with the minor
+numbers of the GPUs that target is listed on) on the pinned process, before every signal: the look
+of the plan only says what a check-mode run would end.
 
 Then SIGTERM, ``term_timeout``, SIGKILL (if allowed), and a wait for the release through
 gpu_mem_wait's own :func:`~.wait.wait_for_release`, on a view of the GPUs without the spared
@@ -35,9 +43,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Pattern
@@ -74,8 +82,15 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     Proof,
     SignalGate,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuQueryError, GpuSource
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
+    MAX_GPU_MINOR,
+    MIB,
+    GpuDevice,
+    GpuQueryError,
+    GpuSource,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
     ReleaseCondition,
     WaitOutcome,
@@ -109,8 +124,13 @@ INVISIBLE = "invisible"
 ZOMBIE = "zombie"
 DENIED_REASON = "denied"
 NOT_HOLDING = "not_holding"
+DEVICE_UNKNOWN = "device_unknown"
 
 DEFAULT_GPU_DEVICE_GLOB = "/dev/nvidia*"
+# The major number of the NVIDIA driver's character devices: /dev/nvidiaN is 195:N for the GPU whose
+# minor number is N, /dev/nvidia-modeset 195:254, /dev/nvidiactl 195:255. (/dev/nvidia-uvm and
+# /dev/nvidia-caps/* have majors of their own, given at load time.)
+NVIDIA_MAJOR = 195
 GLOB_WILDCARDS = "*?["
 # Files nearly every process holds open: a glob that matches one of them proves nothing about a GPU.
 COMMON_OPEN_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/tty", "/dev/pts/0", "/dev/console")
@@ -208,20 +228,100 @@ def _device_glob(option: str, device_glob: str | None) -> str:
     return device_glob
 
 
-def holds_gpu_device(proc_root: str, device_glob: str, process: Process) -> bool:
-    """Whether `process` (as read now) has an open file matching `device_glob`; a ``Zl`` leader by
-    its live threads' files (its own ``fd/`` is empty). The same walk as zombie_facts' gpu_holders."""
-    return bool(ProcessTable({process.pid: process}, proc_root).device_holders(device_glob, [process.pid]))
+@dataclass(frozen=True)
+class OpenDevice:
+    """A character device a process holds open: the path its fd leads to (shown) and the device's numbers."""
+
+    path: str
+    major: int
+    minor: int
+
+    @property
+    def is_gpu(self) -> bool:
+        """A GPU's own device file (/dev/nvidiaN), not one GPU users share (/dev/nvidiactl, -modeset, -uvm)."""
+        return self.major == NVIDIA_MAJOR and self.minor <= MAX_GPU_MINOR
+
+    def __str__(self) -> str:
+        return f"{self.path} (char {self.major}:{self.minor})"
 
 
-def device_proof(proc_root: str, device_glob: str) -> Proof:
-    """The signal gate's proof for gpu_reclaim: the pinned process holds a GPU device file."""
-    return functools.partial(holds_gpu_device, proc_root, device_glob)
+def open_devices(proc_root: str, device_glob: str, process: Process) -> list[OpenDevice]:
+    """The character devices `process` (as read now) holds open at a path matching `device_glob`.
+
+    The numbers are the kernel's, of the file each fd leads to (``stat`` follows /proc/PID/fd/N to the
+    opened file itself), never read from a name. Only paths that match the glob are looked at, so
+    nothing outside the device files is ever stat'ed (a file on a hung network mount would block).
+    A ``Zl`` leader by its live threads' files: its own ``fd/`` is empty.
+    """
+    if process.is_kernel_thread:
+        return []
+    if process.is_zombie:
+        threads = ProcessTable({process.pid: process}, proc_root).load_threads(process.pid)
+        fd_dirs = [f"{proc_root}/{process.pid}/task/{t.tid}/fd" for t in threads if t.state not in ("Z", "X")]
+    else:
+        fd_dirs = [f"{proc_root}/{process.pid}/fd"]
+    found: list[OpenDevice] = []
+    for fd_dir in fd_dirs:
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in names:
+            link = f"{fd_dir}/{name}"
+            try:
+                target = os.readlink(link)
+                if not fnmatch.fnmatchcase(target, device_glob):
+                    continue
+                info = os.stat(link)
+            except OSError:
+                continue  # closed meanwhile, or the process is gone
+            if stat.S_ISCHR(info.st_mode):
+                device = OpenDevice(escape_controls(target), os.major(info.st_rdev), os.minor(info.st_rdev))
+                if device not in found:
+                    found.append(device)
+    return sorted(found, key=lambda d: (d.path, d.major, d.minor))
 
 
-def _not_holding_detail(device_glob: str, when: str) -> str:
-    return (f"holds no open file matching gpu_device_glob {device_glob!r} {when}: the driver's listing is stale or "
-            f"its pid now names another process, so it is not signalled")
+def holds_gpu_device(proc_root: str, device_glob: str, minors: frozenset[int], process: Process) -> bool:
+    """Whether `process` (as read now) holds open the device file of a GPU whose minor number is in `minors`."""
+    return any(device.is_gpu and device.minor in minors for device in open_devices(proc_root, device_glob, process))
+
+
+def device_proof(proc_root: str, device_glob: str, minors_by_pid: Mapping[int, frozenset[int]]) -> Proof:
+    """The signal gate's proof for gpu_reclaim: the pinned process holds the device file of a GPU the
+    driver listed it on. By pid: the gate has pinned the planned identity before it asks."""
+    def proof(process: Process) -> bool:
+        return holds_gpu_device(proc_root, device_glob, minors_by_pid.get(process.pid, frozenset()), process)
+    return proof
+
+
+def _wanted(device_minors: Mapping[int, int]) -> str:
+    return " or ".join(f"GPU {index} (char {NVIDIA_MAJOR}:{minor})" for index, minor in sorted(device_minors.items()))
+
+
+def _not_holding_detail(device_minors: Mapping[int, int], held: list[OpenDevice] | None, device_glob: str,
+                        when: str) -> str:
+    """Why a listed holder is not signalled; `held` (None: not read again) says what it holds instead."""
+    wanted = _wanted(device_minors)
+    others = [device for device in held or () if device.is_gpu]
+    if held is None:
+        what = f"holds no device file of {wanted} {when}"
+    elif others:
+        what = f"holds {', '.join(map(str, others))}, another GPU's device file, and no device file of {wanted} {when}"
+    elif held:
+        what = (f"holds only device files GPU users share ({', '.join(map(str, held))}), no device file of "
+                f"{wanted} {when}")
+    else:
+        what = (f"holds none of the NVIDIA device files (gpu_device_glob {device_glob!r}), so no device file of "
+                f"{wanted}, {when}")
+    return f"{what}: the driver's listing is stale or its pid names another process, so it is not signalled"
+
+
+def _device_unknown_detail(gpus: list[int], minor_unknown: Mapping[int, str]) -> str:
+    whys = "; ".join(f"GPU {index}'s device file is not known: {minor_unknown.get(index) or 'the driver gave no minor number'}"
+                     for index in sorted(gpus))
+    return (f"{whys}. Holding it cannot be proven (another NVIDIA file proves nothing about this GPU), so it is "
+            f"not signalled")
 
 
 @dataclass
@@ -233,6 +333,8 @@ class Holder:
     used_bytes: int | None = 0
     process: Process | None = None
     exe: str = ""
+    # GPU index -> minor number of its device file, for the GPUs it is listed on whose number is known.
+    device_minors: dict[int, int] = field(default_factory=dict)
 
     def add(self, device: GpuDevice, used_bytes: int | None) -> None:
         if device.index not in self.gpus:
@@ -293,7 +395,10 @@ def plan_reclaim(
     for device in devices:
         for listed in device.processes:
             holders.setdefault(listed.pid, Holder(listed.pid, process=table.processes.get(listed.pid))).add(device, listed.used_bytes)
+    minor_unknown = {device.index: device.minor_unknown for device in devices if device.minor_number is None}
+    minors = {device.index: device.minor_number for device in devices if device.minor_number is not None}
     for holder in holders.values():
+        holder.device_minors = {index: minors[index] for index in holder.gpus if index in minors}
         if holder.process is not None:
             holder.exe = table.executable(holder.pid)
             _zombie_leader_cmdline(table, holder.process)
@@ -301,7 +406,7 @@ def plan_reclaim(
     protection = Protection(table, options.protected, own_pid)
     for pid in sorted(holders):
         holder = holders[pid]
-        reason, detail = _why_spared(holder, visible, protection, options, spare_group, proc_root)
+        reason, detail = _why_spared(holder, visible, protection, options, spare_group, proc_root, minor_unknown)
         if reason is None:
             plan.targets.append(holder)
         else:
@@ -344,7 +449,7 @@ def _zombie_leader_cmdline(table: ProcessTable, process: Process) -> None:
 
 def _why_spared(
     holder: Holder, visible: bool, protection: Protection, options: ReclaimOptions, spare_group: int | None,
-    proc_root: str,
+    proc_root: str, minor_unknown: Mapping[int, str],
 ) -> tuple[str | None, str]:
     """(reason, detail) for a holder that is not signalled, (None, "") for a target. Safety first."""
     pid, process = holder.pid, holder.process
@@ -371,9 +476,13 @@ def _why_spared(
             return ALLOW_LISTED, f"matches allow pattern {rx.pattern!r}"
     if process.is_zombie and process.threads <= 1:
         return ZOMBIE, "a zombie: no signal ends it, its parent must reap it"
+    # Without the minor number of a GPU it is listed on, nothing proves it holds that GPU.
+    if not holder.device_minors:
+        return DEVICE_UNKNOWN, _device_unknown_detail(holder.gpus, minor_unknown)
     # What a check-mode run would not end; in a real run the signal gate asks again, pinned.
-    if not holds_gpu_device(proc_root, options.gpu_device_glob, process):
-        return NOT_HOLDING, _not_holding_detail(options.gpu_device_glob, "in the look")
+    held = open_devices(proc_root, options.gpu_device_glob, process)
+    if not any(device.is_gpu and device.minor in holder.device_minors.values() for device in held):
+        return NOT_HOLDING, _not_holding_detail(holder.device_minors, held, options.gpu_device_glob, "in the look")
     return None, ""
 
 
@@ -444,7 +553,7 @@ class ReclaimResult:
 
     @property
     def not_holding(self) -> list[dict[str, Any]]:
-        """The listed holders that held no GPU device file (in `spared` too), so were not signalled."""
+        """The listed holders that held no device file of their GPU (in `spared` too), so were not signalled."""
         return [entry for entry in self.plan.spared if entry["reason"] == NOT_HOLDING]
 
     def gpus(self) -> list[dict[str, Any]]:
@@ -520,10 +629,15 @@ def reclaim(
         if entry["pid"] in still_listed:
             # Signals still free it, but of whatever holds the device files, which the driver does not list.
             result.judgement.add(FindingKind.NOT_HOLDING, Escalation.SIGNALS,
-                                 f"pid {entry['pid']} ({entry['comm'] or '?'}) is listed on GPU {entry['gpus']} but holds no "
-                                 f"file matching {options.gpu_device_glob!r}, so it was not signalled: the memory is held "
-                                 f"by processes the driver does not list (zombie_facts' gpu_holders names who holds the "
-                                 f"device files)", [entry["pid"]])
+                                 f"pid {entry['pid']} ({entry['comm'] or '?'}) holds no device file of GPU {entry['gpus']}, "
+                                 f"where the driver lists it, so it was not signalled: the memory is held by processes "
+                                 f"the driver does not list (zombie_facts' gpu_holders names who holds the device files)",
+                                 [entry["pid"]])
+    for entry in result.plan.spared:
+        if entry["reason"] == DEVICE_UNKNOWN and entry["pid"] in still_listed:
+            result.judgement.add(FindingKind.NOT_SIGNALLED, Escalation.SIGNALS,
+                                 f"pid {entry['pid']} ({entry['comm'] or '?'}) was not signalled: {entry['detail']}",
+                                 [entry["pid"]])
     return result
 
 
@@ -541,8 +655,9 @@ def _end_targets(result: ReclaimResult, options: ReclaimOptions, control: Proces
                  clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
     """SIGTERM, `term_timeout`, SIGKILL: every signal through the gate, to the planned identity."""
     table = ProcessTable.scan(proc_root)
+    minors_by_pid = {holder.pid: frozenset(holder.device_minors.values()) for holder in result.plan.targets}
     gate = SignalGate(Protection(table, options.protected), control, spare_group=own_group(),
-                      proof=device_proof(proc_root, options.gpu_device_glob))
+                      proof=device_proof(proc_root, options.gpu_device_glob, minors_by_pid))
     began = clock()
     live: list[Holder] = []
     for holder in result.plan.targets:
@@ -576,7 +691,7 @@ def _send(result: ReclaimResult, gate: SignalGate, holder: Holder, sig: signal.S
             RECYCLED: "its pid now belongs to another process, which is not signalled",
             DENIED: "permission denied",
             REFUSED: f"refused by the signal gate ({gate.refusal(holder.pid) or 'PID 1'})",
-            UNPROVEN: _not_holding_detail(device_glob, "when it was to be signalled"),
+            UNPROVEN: _not_holding_detail(holder.device_minors, None, device_glob, "when it was to be signalled"),
         }[outcome]
         result.plan.spared.append(holder.entry(reason=reason, detail=detail))
     return False

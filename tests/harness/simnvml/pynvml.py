@@ -8,7 +8,8 @@ it). Without that variable the simulated library is "not installed": ``nvmlInit`
 The state file (JSON, rewritten atomically by the harness, re-read on every call like live driver
 state) holds:
 
-* ``devices``: ``[{uuid, name, total_mib, reserved_mib, base_used_mib}]`` (index = position);
+* ``devices``: ``[{uuid, name, total_mib, reserved_mib, base_used_mib, minor_number}]`` (index =
+  position; ``minor_number``, the N of the device's ``/dev/nvidiaN`` (char 195:N), defaults to the index);
 * ``holders``: ``[{pid, starttime, device, bytes}]`` -- *host* pids, identified by (pid, starttime);
 * ``teardown_delay`` (seconds) and ``stuck_teardown`` (bool), globally or per holder;
 * ``faults``: ``[{call, error}]`` (``error`` an ``NVML_ERROR_*`` name without the prefix) or
@@ -378,6 +379,19 @@ def nvmlDeviceGetUUID(handle):
     state = _load_state()
     _apply_faults(state, "nvmlDeviceGetUUID", handle.index)
     return _device(state, handle)["uuid"]
+
+
+def nvmlDeviceGetMinorNumber(handle):
+    """The minor number of the device's character device: /dev/nvidiaN for minor N (major 195).
+
+    The real call fails with NOT_SUPPORTED where there is none to give (a MIG device handle); a
+    fault on ``nvmlDeviceGetMinorNumber`` simulates that, or any other failure, per device.
+    """
+    _check_init()
+    state = _load_state()
+    device = _device(state, handle)
+    _apply_faults(state, "nvmlDeviceGetMinorNumber", handle.index)
+    return int(device.get("minor_number", handle.index))
 
 
 def nvmlDeviceGetMemoryInfo(handle, version=None):

@@ -113,6 +113,26 @@ def test_session_reads_the_simulated_driver_in_a_child(simulated_bindings):
     assert "pynvml" not in sys.modules  # NVML is never loaded in the calling process
 
 
+def test_each_gpu_carries_the_minor_number_of_its_device_file_or_why_there_is_none(simulated_bindings):
+    # GPU 1 is /dev/nvidia6 (probe order need not be index order); GPU 0's number cannot be given;
+    # GPU 2 answers 255, the number of /dev/nvidiactl, which no GPU has.
+    simulated_bindings.devices[1]["minor_number"] = 6
+    simulated_bindings.add_device(minor_number=255)
+    simulated_bindings.fault("nvmlDeviceGetMinorNumber", "NOT_SUPPORTED", device=0)
+    session = NvmlSession(query_timeout=10)
+    try:
+        gpu0, gpu1, gpu2 = session.query()
+    finally:
+        session.close()
+    assert (gpu1.minor_number, gpu1.minor_unknown) == (6, "")
+    assert gpu0.minor_number is None and gpu0.used_mib == 4  # the rest of the query stands
+    assert gpu0.minor_unknown == "nvmlDeviceGetMinorNumber failed: Not Supported (NVMLError_NotSupported)"
+    assert gpu2.minor_number is None and gpu2.minor_unknown.startswith("nvmlDeviceGetMinorNumber gave 255, not a GPU's")
+    # nvidia-smi's CSV has no minor numbers: every GPU says so.
+    assert {(d.minor_number, d.minor_unknown) for d in parse_nvidia_smi(GPUS_CSV, APPS_CSV)} == {
+        (None, "the nvidia-smi backend does not report device minor numbers (the pynvml backend does)")}
+
+
 def test_hung_query_is_killed_at_its_deadline(simulated_bindings):
     simulated_bindings.fault("nvmlDeviceGetComputeRunningProcesses", hang=True, device=1)
     session = NvmlSession(query_timeout=0.5)
@@ -178,7 +198,8 @@ def test_simulated_bindings_match_the_real_api_surface(real_bindings):
     sim = _load_simulated()
     used = ["nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID",
             "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlMemory_v2",
-            "nvmlDeviceGetComputeRunningProcesses", "NVMLError", "NVMLLibraryMismatchError", "nvmlSystemGetDriverVersion"]
+            "nvmlDeviceGetComputeRunningProcesses", "NVMLError", "NVMLLibraryMismatchError", "nvmlSystemGetDriverVersion",
+            "nvmlDeviceGetMinorNumber"]
     for name in used:
         assert hasattr(real_bindings, name) and hasattr(sim, name), name
     assert sim.nvmlMemory_v2 == real_bindings.nvmlMemory_v2

@@ -7,7 +7,9 @@ No real signal is sent here (a recording kernel stands in for delivery): the int
 from __future__ import annotations
 
 import math
+import os
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +42,16 @@ def params(**overrides: Any) -> dict[str, Any]:
     return base
 
 
-def device(index: int = 0, holders: dict[int, float | None] | None = None, base_mib: float = 4) -> GpuDevice:
+def device(index: int = 0, holders: dict[int, float | None] | None = None, base_mib: float = 4,
+           minor: int | None | str = "index", minor_unknown: str = "") -> GpuDevice:
+    """One GPU; its device file is /dev/nvidiaMINOR, MINOR its index unless given (None: NVML could not say)."""
     holders = holders or {}
     known = sum(mib for mib in holders.values() if mib is not None)
     return GpuDevice(
         index=index, uuid=f"GPU-{index:04d}", name="NVIDIA H100 80GB HBM3", total_bytes=TOTAL,
         used_bytes=int((base_mib + known) * MIB), reserved_bytes=527 * MIB,
         processes=tuple(GpuProcess(pid, None if mib is None else int(mib * MIB)) for pid, mib in holders.items()),
+        minor_number=index if minor == "index" else minor, minor_unknown=minor_unknown,
     )
 
 
@@ -120,14 +125,31 @@ def proc(tmp_path) -> FakeProc:
     return fake
 
 
+def char_node(path: Path, major: int, minor: int) -> Path:
+    """A real character device node (what the kernel compares is its major:minor, not its name)."""
+    if os.geteuid() != 0:
+        pytest.skip("a stand-in device node (mknod of a character device) needs root")
+    os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+    return path
+
+
+# The stand-ins of the NVIDIA device files: /dev/nvidiaN is 195:N, /dev/nvidia-modeset 195:254,
+# /dev/nvidiactl 195:255, and /dev/nvidia-uvm has a dynamic major (here 511) and minor 0, like GPU 0's.
+NODES = {"nvidia0": (195, 0), "nvidia1": (195, 1), "nvidia3": (195, 3), "nvidia-modeset": (195, 254),
+         "nvidiactl": (195, 255), "nvidia-uvm": (511, 0)}
+
+
 @pytest.fixture
-def gpu_file(tmp_path) -> Path:
-    """A file standing for /dev/nvidia0: the fixture's device holders have an fd pointing at it."""
+def nodes(tmp_path) -> dict[str, Path]:
     directory = tmp_path / "dev"
     directory.mkdir()
-    path = directory / "nvidia0"
-    path.write_bytes(b"")
-    return path
+    return {name: char_node(directory / name, major, minor) for name, (major, minor) in NODES.items()}
+
+
+@pytest.fixture
+def gpu_file(nodes) -> Path:
+    """The stand-in of /dev/nvidia0 (195:0): the fixture's device holders have an fd pointing at it."""
+    return nodes["nvidia0"]
 
 
 def device_glob(gpu_file: Path) -> str:
@@ -339,7 +361,7 @@ def test_a_listed_pid_that_holds_no_device_file_is_reported_not_holding_and_neve
     # Still listed, so not released; the finding says why it was not signalled.
     assert report["released"] is False
     finding = next(f for f in report["findings"] if f["kind"] == "not_holding" and f["pids"] == [206])
-    assert finding["escalation"] == "signals" and "holds no file matching" in finding["why"]
+    assert finding["escalation"] == "signals" and "holds no device file of GPU [0]" in finding["why"]
     # Nothing on the machine matches the glob: nobody is a holder, nothing is a target.
     elsewhere = options_from_params(params(gpu_device_glob=str(gpu_file.parent / "absent*")))
     assert plan_reclaim(source, elsewhere, str(proc.root), own_pid=1).targets == []
@@ -386,3 +408,105 @@ def test_the_gate_checks_the_device_file_on_the_pinned_process_before_every_sign
     assert [(e["pid"], e["reason"]) for e in report["not_holding"]] == [(200, "not_holding")]
     assert "when it was to be signalled" in report["not_holding"][0]["detail"]
     assert spared(result.plan)[200] == "not_holding"
+
+
+# --- the device file of *this* GPU: its minor number, from NVML ----------------------------------
+
+
+def open_files(proc: FakeProc, pid: int, *paths: Path) -> None:
+    for fd, path in enumerate(paths, 3):
+        proc.add_fd(pid, str(fd), str(path))
+
+
+def test_a_holder_of_another_gpus_device_file_is_not_proven_a_holder_of_this_gpu(proc, nodes):
+    """The driver lists all four on GPU 0 (minor 0); only 200 holds GPU 0's device file (195:0).
+
+    Every CUDA process holds /dev/nvidiactl and /dev/nvidia-uvm whatever GPU it uses (and uvm's
+    minor is 0 too), a display client /dev/nvidia-modeset; a regular file has no device numbers at
+    all: none of them proves GPU 0.
+    """
+    regular = nodes["nvidia0"].parent / "nvidia7"
+    regular.write_bytes(b"")
+    for pid in (200, 201, 202, 203):
+        proc.add(pid, "python3", cmdline=["python3", f"/ci/{pid}/train.py"])
+    open_files(proc, 200, nodes["nvidiactl"], nodes["nvidia-uvm"], nodes["nvidia0"])
+    open_files(proc, 201, nodes["nvidiactl"], nodes["nvidia-uvm"], nodes["nvidia1"])  # a user of GPU 1
+    open_files(proc, 202, nodes["nvidiactl"], nodes["nvidia-uvm"], nodes["nvidia-modeset"])
+    open_files(proc, 203, regular)
+    source = ScriptedSource([[device(0, {200: 4096, 201: 2048, 202: 64, 203: 64}), device(1)]])
+    options = options_from_params(params(gpu_device_glob=device_glob(nodes["nvidia0"]), release_timeout=0))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
+    assert [holder.pid for holder in plan.targets] == [200]
+    assert spared(plan) == {201: "not_holding", 202: "not_holding", 203: "not_holding"}
+    detail = {entry["pid"]: entry["detail"] for entry in plan.spared}
+    assert "no device file of GPU 0 (char 195:0)" in detail[201]
+    assert f"{nodes['nvidia1']} (char 195:1)" in detail[201] and "nvidiactl" not in detail[201]
+    assert "holds only device files GPU users share" in detail[202] and "nvidia-modeset (char 195:254)" in detail[202]
+    assert "holds none of the NVIDIA device files" in detail[203]
+    control = RecordingControl(str(proc.root))
+    clock = FakeClock()
+    result = reclaim(source, options, proc_root=str(proc.root), control=control, clock=clock, sleep=clock.sleep, plan=plan)
+    assert control.delivered == [(200, signal.SIGTERM), (200, signal.SIGKILL)]  # the fixture never exits
+    finding = next(f for f in result.as_dict()["findings"] if f["kind"] == "not_holding" and f["pids"] == [201])
+    assert "no device file of GPU [0]" in finding["why"]
+
+
+def test_the_device_file_is_the_one_nvml_names_not_the_one_named_like_the_index(proc, nodes):
+    # GPU 0 is the device with minor number 3 (index and minor differ where GPUs were probed in
+    # another order than the PCI bus lists them).
+    proc.add(300, "python3", cmdline=["python3", "by-index.py"])
+    proc.add(301, "python3", cmdline=["python3", "by-minor.py"])
+    open_files(proc, 300, nodes["nvidia0"])
+    open_files(proc, 301, nodes["nvidia3"])
+    source = ScriptedSource([[device(0, {300: 1024, 301: 1024}, minor=3)]])
+    plan = plan_reclaim(source, options_from_params(params(gpu_device_glob=device_glob(nodes["nvidia0"]))),
+                        str(proc.root), own_pid=1)
+    assert [holder.pid for holder in plan.targets] == [301] and spared(plan) == {300: "not_holding"}
+
+
+def test_a_gpu_whose_minor_number_nvml_cannot_give_has_no_holder_signalled(proc, nodes):
+    """No "any NVIDIA file" fallback: without GPU 0's minor number nothing proves a holder of GPU 0."""
+    proc.add(400, "python3", cmdline=["python3", "on-gpu0.py"])
+    proc.add(401, "python3", cmdline=["python3", "on-both.py"])
+    open_files(proc, 400, nodes["nvidiactl"], nodes["nvidia0"])
+    open_files(proc, 401, nodes["nvidiactl"], nodes["nvidia1"])
+    why = "nvmlDeviceGetMinorNumber failed: Not Supported (NVMLError_NotSupported)"
+    source = ScriptedSource([[device(0, {400: 4096, 401: 512}, minor=None, minor_unknown=why), device(1, {401: 512})]])
+    options = options_from_params(params(devices=["0", "1"], gpu_device_glob=device_glob(nodes["nvidia0"])))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
+    # 401 is listed on GPU 1 too, whose device file it holds: proven there.
+    assert [holder.pid for holder in plan.targets] == [401] and spared(plan) == {400: "device_unknown"}
+    (entry,) = plan.spared
+    assert "GPU 0's device file is not known" in entry["detail"] and why in entry["detail"]
+    clock = FakeClock()
+    report = reclaim(source, options, check_mode=True, proc_root=str(proc.root), clock=clock, sleep=clock.sleep,
+                     plan=plan).as_dict()
+    assert report["not_holding"] == []
+    finding = next(f for f in report["findings"] if f["kind"] == "not_signalled")
+    assert finding["pids"] == [400] and finding["escalation"] == "signals" and why in finding["why"]
+    # The nvidia-smi backend gives no minor numbers: nothing is signalled through it.
+    smi = ScriptedSource([[device(0, {400: 4096}, minor=None, minor_unknown="the nvidia-smi backend does not report")]])
+    assert spared(plan_reclaim(smi, options_from_params(params(gpu_device_glob=device_glob(nodes["nvidia0"]))),
+                               str(proc.root), own_pid=1)) == {400: "device_unknown"}
+
+
+def test_the_gate_proves_this_gpus_device_file_on_the_pinned_process(proc, nodes):
+    # The look saw GPU 0's file; when pinned, 500 holds GPU 1's in its place: not signalled.
+    proc.add(500, "python3", cmdline=["python3", "swap.py"])
+    open_files(proc, 500, nodes["nvidia0"])
+    source = ScriptedSource([[device(0, {500: 4096}), device(1)]])
+    options = options_from_params(params(gpu_device_glob=device_glob(nodes["nvidia0"]), release_timeout=0))
+    plan = plan_reclaim(source, options, str(proc.root), own_pid=1)
+    assert [holder.pid for holder in plan.targets] == [500]
+
+    def swap(pid: int) -> None:
+        (proc.root / str(pid) / "fd" / "3").unlink()
+        proc.add_fd(pid, "3", str(nodes["nvidia1"]))
+
+    control = RecordingControl(str(proc.root), on_pin=swap)
+    clock = FakeClock()
+    report = reclaim(source, options, proc_root=str(proc.root), control=control, clock=clock, sleep=clock.sleep,
+                     plan=plan).as_dict()
+    assert control.delivered == []
+    assert [(s["pid"], s["result"]) for s in report["signals"]] == [(500, "not_holding")]
+    assert "no device file of GPU 0 (char 195:0)" in report["not_holding"][0]["detail"]
