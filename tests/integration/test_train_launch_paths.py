@@ -267,6 +267,54 @@ def test_a_state_dir_the_jobs_user_swapped_for_a_symlink_is_never_written_throug
         rootonly_untouched(site)  # no job/ directory, no records written into root's directory
 
 
+# A job that prints the file 'secret' of its working directory into its log (if it may read it there).
+READS_ITS_WORKDIR = ("import os, time; print(open('secret').read() if os.access('secret', os.R_OK) else 'no secret here', "
+                     "flush=True); print('step 1 ready', flush=True); time.sleep(600)")
+
+
+def test_a_chdir_and_a_program_are_checked_as_the_jobs_user_and_never_followed_as_root(target: Target, site: Path) -> None:
+    """Issue 24 items 1, 2: vault/ is root's (0700); inside it inner/ (0755) holds a secret and a program
+    anyone may read and run by their mode bits, but nobody cannot pass vault/ to reach them."""
+    vault = site / "vault"
+    (vault / "inner").mkdir(parents=True)
+    vault.chmod(0o700)
+    (vault / "inner" / "secret").write_text("root's secret\n")
+    program = vault / "inner" / "train.sh"
+    program.write_text("#!/bin/sh\necho 'step 1 ready'\nexec sleep 600\n")
+    program.chmod(0o755)
+    workdir = site / "home" / "work"
+    as_nobody("mkdir", str(workdir))
+    start = target.launch_task(command=[PYTHON, "-c", READS_ITS_WORKDIR], user="nobody", group="nogroup",
+                               chdir=str(workdir))
+    started = target.play([start]).result("launch")
+    assert started["running"] is True, started
+    look = {"name": "health", "gpuops.relaunch.train_launch": {"name": "job", "state": "health",
+                                                                "state_dir": target.state_dir}}
+
+    def restart(**changes: Any) -> dict[str, Any]:
+        return {"name": "launch", "ignore_errors": True, "gpuops.relaunch.train_launch": dict(
+            start["gpuops.relaunch.train_launch"], state="restarted", **changes)}
+
+    # A program below a directory nobody cannot pass: asked as nobody, refused before the stop.
+    run = target.play([restart(command=[str(program)]), look])
+    refused = run.result("launch")
+    assert refused["failed"] is True and refused["changed"] is False, refused
+    assert f"command: '{program}' is not an executable file for user nobody (Permission denied)" in refused["msg"]
+    assert run.result("health")["running"] is True and run.result("health")["pid"] == started["pid"]
+
+    # Between two runs nobody swaps its working directory for a link into vault/: never entered.
+    as_nobody("mv", str(workdir), str(site / "home" / "work.old"))
+    as_nobody("ln", "-s", str(vault / "inner"), str(workdir))
+    run = target.play([restart(), look])
+    refused = run.result("launch")
+    assert refused["failed"] is True and refused["changed"] is False, refused
+    assert f"chdir: the working directory '{workdir}' cannot be entered as user nobody: Permission denied" \
+        in refused["msg"]
+    assert run.result("health")["running"] is True and run.result("health")["pid"] == started["pid"]
+    assert "root's secret" not in Path(target.log()).read_text()
+    rootonly_untouched(site)
+
+
 # --- item 7: terminals obey bytes --------------------------------------------------------------------
 
 

@@ -266,3 +266,34 @@ def test_every_bad_option_is_reported_in_one_failure(local: Target) -> None:
     assert [problem["option"] for problem in result["option_problems"]] == ["ready_regex", "term_timeout", "keep_logs"]
     assert "ready_regex: " in result["msg"] and "term_timeout: " in result["msg"] and "keep_logs: " in result["msg"]
     assert not Path(local.state_dir).exists()
+
+
+def test_a_start_that_fails_after_the_stop_is_the_relaunchs_own_failure(ns_target: Target, tmp_path: Path) -> None:
+    """Issue 24 item 2: a restart stops the healthy run, then its program cannot be executed (its
+    interpreter is gone: no check before the stop can see that). Nothing of the new run ran: the job
+    is the run that was stopped, never missing - the crash-loop guard does not count it and the next
+    start adds no resume_args."""
+    broken = tmp_path / "train.sh"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    started = ns_target.play([ns_target.launch_task()]).result("launch")
+    assert started["running"] is True, started
+    guarded = {"max_relaunches": 0, "resume_args": ["--resume-from-checkpoint"]}
+    run = ns_target.play([
+        dict(ns_target.launch_task(task_name="restart", command=[str(broken)], state="restarted", **guarded),
+             ignore_errors=True),
+        ns_target.launch_task(task_name="probe", state="probe", **guarded),
+        ns_target.launch_task(task_name="start", **guarded),
+    ])
+    restart = run.result("restart")
+    assert restart["failed"] is True and restart["previous"]["pid"] == started["pid"], restart
+    assert "No such file or directory" in restart["start_error"]
+    probe = run.result("probe")
+    assert probe["health"]["state"] == "stopped" and probe["health"]["run_id"] == started["run_id"], probe["health"]
+    assert f"the start of run {restart['run_id']} failed before the job ran" in probe["health"]["reason"]
+    assert probe["relaunch_guard"]["needed"] is False and probe["relaunch_guard"]["would_refuse"] is False
+    assert probe["decision"]["action"] == "relaunch" and probe["decision"]["resume"] is False
+    again = run.result("start")
+    assert again["running"] is True and again["resumed"] is False, again
+    assert "--resume-from-checkpoint" not in ns_target.processes()[again["pid"]].args
+    assert ns_target.play([stop_task(ns_target)]).result("stop")["changed"] is True

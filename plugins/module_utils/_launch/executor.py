@@ -114,6 +114,8 @@ class Executor:
     done: dict[str, Any] = field(default_factory=dict)
     # The start replaced the recorded run: its fields are in done["previous"], no longer the result's own.
     replaced: bool = False
+    # The exit record the last stop waited for (how the stopped run ended).
+    stopped_exit: dict | None = None
 
     # --- evidence --------------------------------------------------------------------------
 
@@ -170,6 +172,7 @@ class Executor:
             return record is not None
 
         Deadline(EXIT_RECORD_WAIT).poll(recorded_exit)
+        self.stopped_exit = record
         self.done.update(exit_fields(record))
         self.done["stop"] = {
             "signalled": outcome.signalled,
@@ -199,8 +202,10 @@ class Executor:
             self.records.write(HISTORY_FILE, with_relaunch(list(judgement.history), {
                 "at": now, "at_iso": iso(now), "run_id": self.health.run_id, "health": self.health.state.value,
             }, now, self.options.relaunch_window))
+        replaced_exit = status.exit
         if judgement.active:
             self.stop(status.run, judgement.recorded)
+            replaced_exit = self.stopped_exit
         elif status.exit is not None:
             self.done.update(exit_fields(status.exit))
         # The replaced run's fields (and how it ended) move under `previous`.
@@ -214,9 +219,10 @@ class Executor:
         self.done["rotated_log"] = self._set_aside_log()
         self.done["removed_paths"] = [path for path in self.options.remove_paths if remove_path(path)]
         self.done["resumed"] = plan.resume
-        self._launch(plan)
+        self._launch(plan, {"run": status.run, "exit": replaced_exit})
 
-    def _launch(self, plan: Plan) -> None:
+    def _launch(self, plan: Plan, replaces: dict[str, Any]) -> None:
+        """Launch and prove; `replaces`: the run this start replaces and how it ended (or None, None)."""
         options = self.options
         spec = options.spec
         done = self.done
@@ -238,7 +244,9 @@ class Executor:
         done.update(backend=plan.backend, spec_hash=spec.spec_hash, run_id=run_id)
         # Until proven, this run's log is a failed start's: the next start sets it aside instead
         # of rotating it in, so failed starts never push out the log of the last run that worked.
-        self.records.write(FAILED_START_FILE, {"run_id": run_id, "log_path": options.log_path})
+        # And if it fails before the job runs, the job is judged as the run it replaced, never as
+        # missing (see JobRecords.start_failure): that run's record, and how it ended, are kept here.
+        self.records.write(FAILED_START_FILE, {"run_id": run_id, "log_path": options.log_path, "replaces": replaces})
         deadline = Deadline(options.startup_timeout)
         try:
             backend.start(options, launch)

@@ -260,6 +260,16 @@ def _ended(run_id: str, exit_record: dict, stop_record: dict | None) -> HealthRe
                         f"at {exit_record.get('ended_at')}", run_id, exit=exit_fields)
 
 
+def after_failed_start(failure: dict[str, Any]) -> str:
+    """What a verdict's reason adds when the last start failed before the job ran (see records.start_failure).
+
+    The error names the program and the paths of the task; it is escaped all the same (see
+    _base/terminal.py), as anything shown to an operator's terminal.
+    """
+    return (f"; the start of run {escape_controls(str(failure.get('run_id')))} failed before the job ran "
+            f"(the relaunch's own failure, not the job's): {escape_controls(str(failure.get('error')))}")
+
+
 def judge(run: dict | None, exit_record: dict | None, stop_record: dict | None, alive: bool,
           progress: Progress | None, stall_after: float | None, now: float) -> HealthReport:
     """The verdict from what the records and the process table say (pure: no I/O, `now` given).

@@ -19,6 +19,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health imp
     PROGRESS_FILE,
     STOP_FILE,
     HealthReport,
+    after_failed_start,
     epoch_of,
     judge,
     last_progress,
@@ -82,7 +83,7 @@ class JobJudge:
         options = self.options
         run = status.run
         exit_record = status.exit if run is not None else None
-        if run is not None and exit_record is None and not status.running:
+        if run is not None and exit_record is None and not status.running and status.start_failure is None:
             exit_record = self._settled_exit(run.get("run_id"))
         progress = None
         now = self.wall_clock()
@@ -97,6 +98,9 @@ class JobJudge:
                 self.records.write(PROGRESS_FILE, progress.record(str(run.get("run_id"))))
         report = judge(run, exit_record, self.records.read(STOP_FILE), status.running, progress,
                        options.stall_after, now)
+        if status.start_failure is not None:
+            # Nothing of that start ran: the job is what it was (see JobRecords.start_failure).
+            report.reason += after_failed_start(status.start_failure)
         if report.state.failed:
             report.log_tail = tail(run.get("log_path") if run else None, options.log_tail_lines)
         return report

@@ -6,7 +6,8 @@
         launch.json          what the module asked for (run id, argv, env, spec hash)   0600
         run.json             what runs: pids, start times, backend, started_at          0600
         exit.json            how the run with that run id ended, and when               0600
-        failed_start.json    the last run whose start was not proven, and its log       0600
+        failed_start.json    the last run whose start was not proven, its log, the run   0600
+                             it was to replace (and how that one ended)
         idle.json            a supervisor that waits for the next run (see supervisor)  0600
         supervisor.py        the supervisor's private copy                              0600
         stop.json            the last run train_launch stopped, and its health then      0600
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import (
     EXIT_FILE,
+    FAILED_START_FILE,
     LAUNCH_FILE,
     RUN_FILE,
     load_json,
@@ -55,6 +57,9 @@ class JobStatus:
     run: dict | None
     exit: dict | None
     running: bool
+    # The last start failed before anything of the job ran (see JobRecords.start_failure): `run` and
+    # `exit` are then the run that start was to replace, as they were.
+    start_failure: dict | None = None
 
     @property
     def backend(self) -> str | None:
@@ -161,7 +166,42 @@ class JobRecords:
                 self.problems.append(f"{exc}; ignored")
             return None
 
+    def start_failure(self) -> dict | None:
+        """The last start, if it failed before anything of the job ran; None otherwise.
+
+        failed_start.json names the start (written before it) and the run it was to replace, with
+        that run's exit record as it was after the stop (the start's own error takes exit.json's
+        place). The start failed before the job ran when exit.json holds an error for it: its
+        supervisor or unit could not enter chdir, open the log, become the user or exec the program.
+        Such a failure is the relaunch's own, not the job's: the job is judged as the run it replaced
+        (a healthy run the relaunch stopped is stopped, not missing), so the crash-loop guard does not
+        count it and no resume_args are added for it.
+        """
+        failed = self.read(FAILED_START_FILE)
+        if not failed or not isinstance(failed.get("replaces"), dict):
+            return None
+        ended = self.read_exit(failed.get("run_id"))
+        if not ended or not ended.get("error"):
+            return None
+        replaced = failed["replaces"]
+        replaced_run = replaced.get("run") if isinstance(replaced.get("run"), dict) else None
+        recorded = self.read_run()
+        if recorded is not None and recorded.get("run_id") not in (
+                failed.get("run_id"), replaced_run.get("run_id") if replaced_run else None):
+            return None  # a later run is recorded: this record is not about the last start
+        replaced_exit = replaced.get("exit") if isinstance(replaced.get("exit"), dict) else None
+        return {"run_id": failed.get("run_id"), "error": ended["error"], "ended_at": ended.get("ended_at"),
+                "run": replaced_run, "exit": replaced_exit}
+
     def status(self) -> JobStatus:
+        failure = self.start_failure()
+        if failure is not None:
+            replaced = failure["run"]
+            identity = self.identity(replaced) if replaced is not None else None
+            if replaced is None or identity is None:
+                return JobStatus(None, None, False, failure)
+            ended = failure["exit"] if (failure["exit"] or {}).get("run_id") == identity.run_id else None
+            return JobStatus(replaced, ended, ended is None and leader_alive(identity, self.proc_root), failure)
         run = self.read_run()
         identity = self.identity(run) if run is not None else None
         if run is None or identity is None:

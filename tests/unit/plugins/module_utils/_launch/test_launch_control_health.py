@@ -225,3 +225,37 @@ def test_reset_guard_never_writes_through_a_symlink(tmp_path, job) -> None:
     result = apply(tmp_path, state="probe", reset_guard=True)
     assert result["guard_cleared"] == 0 and any("relaunches.json" in p for p in result["record_problems"])
     assert json.loads(target.read_text())["relaunches"][0]["run_id"] == "r0"
+
+
+@pytest.mark.parametrize("before, found, counted", [
+    # r1 ran healthy and train_launch stopped it (as a restart does before its start).
+    ({"exit_code": None, "exit_signal": "SIGTERM"}, {"health": "running"}, False),
+    # r1 crashed by itself: that stays its own failure, and a relaunch of it is still one.
+    ({"exit_code": 3, "exit_signal": None}, None, True),
+], ids=["stopped-healthy", "crashed"])
+def test_a_start_that_fails_is_the_relaunchs_own_failure_never_missing(tmp_path, job, monkeypatch, before, found,
+                                                                      counted) -> None:
+    """A start whose program cannot be executed (its interpreter is gone): nothing of the job ran, so
+    the job is what it was before the start - never missing (counted by the guard, resumed)."""
+    monkeypatch.setattr(control, "EXIT_SETTLE_WAIT", 0.0)
+    (job / "exit.json").write_text(json.dumps(dict(before, run_id="r1", ended_at="2026-12-03T11:00:00+00:00")))
+    if found is not None:
+        (job / "stop.json").write_text(json.dumps(dict(found, run_id="r1", requested_at="2026-12-03T11:00:00+00:00")))
+    broken = tmp_path / "train.sh"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    with pytest.raises(LaunchError, match="was not proven: .*cannot start") as caught:
+        apply(tmp_path, command=[str(broken)], max_relaunches=5, startup_timeout=30)
+    assert "No such file or directory" in caught.value.result["start_error"]
+    # Later tasks: the probe with a guard that refuses any relaunch after a failure, and the health.
+    probe = apply(tmp_path, state="probe", max_relaunches=0)
+    health = apply(tmp_path, state="health", command=None, max_relaunches=0)
+    for looked in (probe, health):
+        assert looked["health"]["state"] == ("crashed" if counted else "stopped"), looked["health"]
+        assert looked["health"]["run_id"] == "r1"
+        assert f"the start of run {caught.value.result['run_id']} failed before the job ran" in looked["health"]["reason"]
+        assert looked["relaunch_guard"]["needed"] is counted and looked["relaunch_guard"]["would_refuse"] is counted
+        assert looked["decision"]["action"] == ("refused" if counted else "relaunch")
+    if not counted:
+        # A plain start, without resume_args: the job did not fail, its relaunch did.
+        assert probe["operation"] == "start" and probe["resumed"] is False and probe["decision"]["resume"] is False

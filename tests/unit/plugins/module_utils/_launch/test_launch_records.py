@@ -124,3 +124,28 @@ def test_is_real_dir_is_false_for_a_symlink_to_a_directory(tmp_path):
     (tmp_path / "root-link").symlink_to(real)
     assert JobRecords(str(tmp_path / "root-link")).is_real_dir() is True
     assert JobRecords(str(tmp_path / "missing")).is_real_dir() is False
+
+
+def test_a_start_failure_stands_for_the_run_it_replaced_only_while_it_is_the_last_start(tmp_path, records) -> None:
+    job = tmp_path / "job"
+    replaced = {"run_id": "a", "pid": 4194000, "starttime": 5, "backend": "supervisor"}
+    ended = {"run_id": "a", "exit_code": 3}
+    records.write_run(replaced)
+    records.write("failed_start.json", {"run_id": "b", "log_path": "/l", "replaces": {"run": replaced, "exit": ended}})
+    # Proven yet? Not while exit.json says nothing of "b" (it may be starting), nor if "b" ran and ended.
+    (job / "exit.json").write_text('{"run_id": "b", "exit_code": 1}')
+    assert records.start_failure() is None
+    (job / "exit.json").write_text('{"run_id": "b", "error": "cannot start [\'x\']: Permission denied"}')
+    status = records.status()
+    assert status.run == replaced and status.exit == ended and not status.running
+    assert status.start_failure["run_id"] == "b" and "Permission denied" in status.start_failure["error"]
+    # The systemd backend records the failed run itself: still the run it replaced that is judged.
+    records.write_run({"run_id": "b", "pid": 4194001, "starttime": 6, "backend": "systemd"})
+    assert records.status().run == replaced
+    # A later run recorded: the record is not about the last start.
+    records.write_run({"run_id": "c", "pid": 4194002, "starttime": 7, "backend": "supervisor"})
+    assert records.start_failure() is None and records.status().run["run_id"] == "c"
+    # A record from before the start kept the replaced run (no "replaces"): as it was, never a guess.
+    records.write_run(replaced)
+    records.write("failed_start.json", {"run_id": "b", "log_path": "/l"})
+    assert records.start_failure() is None and records.status().exit is None
