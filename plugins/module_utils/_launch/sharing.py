@@ -30,6 +30,7 @@ import fcntl
 import os
 import re
 from dataclasses import dataclass
+from typing import Tuple
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
@@ -42,7 +43,8 @@ MAX_JOBS = 4096
 # What the rotation appends to a log's name (logs.rotated_name, logs.failed_log_name).
 _ROTATION_SUFFIX = re.compile(r"\.(?:[0-9]+|failed)")
 
-Identity = tuple[int, int]
+# (device, inode): what a file is, whatever the path that spells it.
+Identity = Tuple[int, int]
 
 
 @dataclass(frozen=True)
