@@ -9,6 +9,8 @@
         failed_start.json    the last run whose start was not proven, its log, the run   0600
                              it was to replace (and how that one ended)
         idle.json            a supervisor that waits for the next run (see supervisor)  0600
+        start_error.txt      systemd: why the unit's main process could not become the  0600
+                             job after taking its user (ExecStopPost moves it to exit.json)
         supervisor.py        the supervisor's private copy                              0600
         stop.json            the last run train_launch stopped, and its health then      0600
         progress.json        the run's last progress line and when a task first saw it  0600

@@ -522,11 +522,52 @@ def parent_reaps(proc_root: str = "/proc") -> bool:
     return bool((masks.get("SigCgt", 0) | masks.get("SigIgn", 0)) & (1 << (signal.SIGCHLD - 1)))
 
 
+# Where the systemd unit's main process says why it could not become the job once it no longer is
+# root (see exec_job); ExecStopPost moves it into exit.json.
+START_ERROR_FILE = "start_error.txt"
+
+
+def open_start_error(job_dir: str, run_id: str) -> int:
+    """START_ERROR_FILE, emptied and opened for writing, O_CLOEXEC: the exec that becomes the job closes it.
+
+    Opened while we are root, so that after taking the job's user we can still say why an exec failed
+    - and only we: the job never holds the descriptor, and the file lies in the job's directory that
+    only root may enter. The run id comes first, so that the record is never taken for another run's.
+    """
+    with safepath.walk(job_dir) as found:
+        fd = safepath.open_regular_at(found.fd, START_ERROR_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                      STATE_FILE_MODE)
+    os.write(fd, ("%s\n" % run_id).encode("utf-8"))
+    return fd
+
+
+def take_start_error(job_dir: str, run_id: str):
+    """What the unit's main process of `run_id` wrote into START_ERROR_FILE (None if nothing); the file is removed."""
+    try:
+        with safepath.walk(job_dir) as found:
+            try:
+                fd = safepath.open_regular_at(found.fd, START_ERROR_FILE, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                data = os.read(fd, 8192).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+                os.unlink(START_ERROR_FILE, dir_fd=found.fd)
+    except OSError:
+        return None
+    recorded_run, _sep, error = data.partition("\n")
+    if recorded_run != run_id:
+        return None
+    return error.strip() or None
+
+
 def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
     """exit.json from the variables systemd passes to ExecStopPost.
 
     An error that ``exec`` recorded for this run (it could not become the job) is kept: it says more
-    than the exit status it ended with.
+    than the exit status it ended with; so is one it could only write into START_ERROR_FILE, having
+    taken the job's user already.
     """
     code = environ.get("EXIT_CODE", "")
     status = environ.get("EXIT_STATUS", "")
@@ -536,8 +577,11 @@ def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
     elif code in ("killed", "dumped") and status:
         fields["exit_signal"] = status if status.startswith("SIG") else "SIG" + status
     earlier = read_json(os.path.join(job_dir, EXIT_FILE)) or {}
+    after_drop = take_start_error(job_dir, run_id)
     if earlier.get("run_id") == run_id and earlier.get("error"):
         fields["error"] = earlier["error"]
+    elif after_drop:
+        fields["error"] = after_drop
     record_exit(job_dir, run_id, fields)
 
 
@@ -564,6 +608,7 @@ def exec_job(job_dir: str, run_id: str) -> int:
         found = check_as_job_user(launch)
         if "program" not in found:
             raise ValueError("%s: %s" % (found.get("option"), found.get("reason")))
+        error_fd = open_start_error(job_dir, run_id)
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
         why = "cannot start %r: %s" % (launch.get("argv"), exc)
         record_exit(job_dir, run_id, {"error": why})
@@ -583,7 +628,12 @@ def exec_job(job_dir: str, run_id: str) -> int:
         # The program as the job's PATH finds it (checked just now, as the job's user).
         os.execvpe(argv[0], argv, job_environment(launch, job_dir))
     except OSError as exc:
-        sys.stderr.write("gpuops exec: cannot start %r: %s\n" % (argv, exc))
+        why = "cannot start %r: %s" % (argv, exc)
+        sys.stderr.write("gpuops exec: %s\n" % why)
+        try:
+            os.write(error_fd, why.encode("utf-8")[:4000])
+        except OSError:
+            pass
     return 127
 
 

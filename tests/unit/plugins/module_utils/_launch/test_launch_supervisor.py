@@ -317,3 +317,28 @@ def test_a_chdir_the_jobs_user_may_enter_is_its_working_directory(job_dir, tmp_p
     write_launch(job_dir, log, real, "nobody")
     assert run_backend(backend, job_dir, log) == 0
     assert "nobody's own" in log.read_text()
+
+
+def test_a_systemd_start_that_fails_after_dropping_root_is_recorded_as_a_start_failure(job_dir, tmp_path,
+                                                                                       swapped_workdir) -> None:
+    """The unit's main process cannot write the record once it is the job's user: the error of an exec
+    that fails then (an interpreter that is gone) still reaches exit.json through ExecStopPost."""
+    _planted, real = swapped_workdir
+    broken = Path(real).parent / "broken.sh"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    log = tmp_path / "train.log"
+    log.touch()
+    write_launch(job_dir, log, real, "nobody")
+    record = read_json(str(job_dir / "launch.json"))
+    write_json_atomic(str(job_dir / "launch.json"), dict(record, argv=[str(broken)]))
+    assert run_backend("systemd-exec", job_dir, log) == 127
+    script = str(job_dir / "supervisor.py")
+    recorded = subprocess.run([sys.executable, "-I", script, "record-exit", str(job_dir), "r1"], cwd="/",
+                              env={"EXIT_CODE": "exited", "EXIT_STATUS": "127", "SERVICE_RESULT": "exit-code"},
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert recorded.returncode == 0, recorded.stderr
+    ended = read_json(str(job_dir / "exit.json"))
+    assert ended["exit_code"] == 127 and f"cannot start ['{broken}']" in ended["error"], ended
+    assert "No such file or directory" in ended["error"]
+    assert "start_error.txt" not in os.listdir(job_dir)  # taken into exit.json
