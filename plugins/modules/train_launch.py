@@ -218,6 +218,8 @@ options:
       - The records are read only as regular files and never trusted as proof of what to signal; one
         that is not sound is reported in RV(record_problems) and ignored. The path is walked like
         O(log_path) (a symlink another user than root can change is refused).
+      - A start is refused when O(state_dir)C(/NAME) is, through a link, the same directory as another
+        job's there.
     type: path
     default: /var/lib/gpuops
   backend:

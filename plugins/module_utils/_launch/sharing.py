@@ -133,24 +133,30 @@ def _directory_identity(path: str) -> Identity | None:
         return None
 
 
-def sharing_problems(options: LaunchOptions, proc_root: str = "/proc") -> list[str]:
-    """Why options.log_path cannot be this job's log (see the module doc); empty when it can."""
+def sharing_problems(options: LaunchOptions, proc_root: str = "/proc") -> list[BadOption]:
+    """Why options.log_path (or options.state_dir) cannot be this job's (see the module doc); empty when they can."""
     log_path = options.log_path
-    if log_path is None:
-        return []
-    ours = locate(log_path)
-    problems: list[str] = []
-    if os.path.dirname(log_path) == os.path.normpath(options.job_dir) and ours is None:
-        problems.append(f"{log_path!r} lies in the state directory of job {options.name!r} "
-                        f"({options.job_dir!r}), among its records (the log's rotation renames files in its "
-                        "directory); put the log elsewhere")
-    if ours is None:
-        return problems  # no directory yet: no file of another job is there
+    ours = locate(log_path) if log_path is not None else None
+    own_dir = _directory_identity(options.job_dir)
+    problems: list[BadOption] = []
+    if log_path is not None and ours is None and os.path.dirname(log_path) == os.path.normpath(options.job_dir):
+        problems.append(BadOption("log_path", f"{log_path!r} lies in the state directory of job {options.name!r} "
+                                  f"({options.job_dir!r}), among its records (the log's rotation renames files in "
+                                  "its directory); put the log elsewhere"))
     for name in _job_names(options.state_dir):
         job_dir = os.path.join(options.state_dir, name)
-        if _directory_identity(job_dir) == ours.directory:
-            problems.append(f"{log_path!r} lies in the state directory of job {name!r} ({job_dir!r}), "
-                            "among its records (the log's rotation renames files in its directory); put the log elsewhere")
+        identity = _directory_identity(job_dir)
+        if name != options.name and identity is not None and identity == own_dir:
+            # A link (root's) that makes two names one directory: one job's records would be the other's.
+            problems.append(BadOption("state_dir", f"{options.job_dir!r} is the same directory as {job_dir!r}, "
+                                      f"the state directory of job {name!r}: each job needs its own"))
+            continue
+        if ours is None:
+            continue  # no log directory yet: no file of another job is there
+        if identity == ours.directory:
+            problems.append(BadOption("log_path", f"{log_path!r} lies in the state directory of job {name!r} "
+                                      f"({job_dir!r}), among its records (the log's rotation renames files in its "
+                                      "directory); put the log elsewhere"))
             continue
         if name == options.name:
             continue
@@ -160,17 +166,17 @@ def sharing_problems(options: LaunchOptions, proc_root: str = "/proc") -> list[s
                 continue
             same = ours.file is not None and ours.file == theirs.file or ours.name == theirs.name
             what = "is the log" if same else "is in the log rotation (LOG.N, LOG.failed)"
-            problems.append(
+            problems.append(BadOption("log_path", (
                 f"{log_path!r} {what} of job {name!r}, which {how}; its log is {theirs_path!r} (its records are "
                 f"in {job_dir!r}). Two jobs cannot share a log: the start would rotate the other job's live log "
                 "away and each would read the other's progress. Give each job a log_path of its own "
-                "(nothing was stopped or rotated)")
+                "(nothing was stopped or rotated)")))
             break
     return problems
 
 
 def check_not_shared(options: LaunchOptions, proc_root: str = "/proc") -> None:
-    """OptionsInvalid naming log_path when the log is another job's (see sharing_problems)."""
+    """OptionsInvalid naming log_path (or state_dir) when it is another job's (see sharing_problems)."""
     problems = sharing_problems(options, proc_root)
     if problems:
-        raise OptionsInvalid([BadOption("log_path", problem) for problem in problems])
+        raise OptionsInvalid(problems)

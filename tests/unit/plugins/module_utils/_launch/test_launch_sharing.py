@@ -32,7 +32,9 @@ def params(tmp_path: Path, log_path: str, name: str = "second") -> dict:
 
 
 def problems(tmp_path: Path, log_path: str, name: str = "second") -> list[str]:
-    return sharing_problems(options_from_params(params(tmp_path, log_path, name)))
+    found = sharing_problems(options_from_params(params(tmp_path, log_path, name)))
+    assert all(problem.option == "log_path" for problem in found), found
+    return [problem.reason for problem in found]
 
 
 @pytest.fixture(name="logs")
@@ -150,3 +152,12 @@ def test_the_refusal_names_the_option_and_escapes_what_it_quotes(tmp_path: Path,
 
 def test_no_state_dir_or_no_log_directory_yet_is_nothing_shared(tmp_path: Path) -> None:
     assert problems(tmp_path, str(tmp_path / "nowhere" / "train.log")) == []
+
+
+def test_two_job_names_for_one_state_directory_are_refused(tmp_path: Path, logs: Path) -> None:
+    (tmp_path / "state" / "first").mkdir(parents=True)
+    (tmp_path / "state" / "second").symlink_to(tmp_path / "state" / "first")  # root's: followed
+    found = sharing_problems(options_from_params(params(tmp_path, str(logs / "own.log"))))
+    assert [problem.option for problem in found] == ["state_dir"] and "job 'first'" in found[0].reason
+    os.unlink(tmp_path / "state" / "second")
+    assert sharing_problems(options_from_params(params(tmp_path, str(logs / "own.log")))) == []
