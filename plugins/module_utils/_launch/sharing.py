@@ -19,7 +19,8 @@ directory (device and inode) and a name of the other's rotation (``LOG.1``, ``LO
 or the other way round - each job's rotation would move the other's live log.
 
 A log among a job's records (in ``state_dir/NAME``, this job's too) is refused as well: its rotation
-would rename the records.
+would rename the records. So is a ``state_dir/NAME`` that a link (root's: walks follow no other) makes
+the same directory as another job's: one job's records would be the other's.
 
 Only jobs under the same state_dir are seen: a job kept under another state_dir is not.
 """
