@@ -53,8 +53,10 @@ description:
     A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
   - Before anything is stopped or rotated, a start checks that it can work, in check mode exactly as
     for real (so the probe of C(playbooks/relaunch.yml) fails where the start would, and nothing is
-    stopped) - the program is resolved as the job's user (its C(PATH), or relative to O(chdir)) and
-    must be executable for that user, O(chdir) exists, no argument or O(env) value holds a NUL byte,
+    stopped) - asked as the job's user (a forked child takes the job's groups and user, enters O(chdir)
+    as the start does and calls C(access)), since root reaches what the user cannot - O(chdir) can be
+    entered, the program is found (on its C(PATH), or relative to O(chdir)) and can be executed, no
+    argument or O(env) value holds a NUL byte,
     the directory of O(log_path) exists or can be created and can be written (a read-only file
     system is named), O(log_path) is not a symlink, FIFO, device or a file with other hard links, the
     job's state directory can be kept in O(state_dir), O(remove_paths) can be reached safely, and
@@ -83,11 +85,15 @@ description:
   - Every call returns the job's RV(health) as the task found it, before it acted (also in check mode) -
     V(running) (alive, and progressing), V(stalled) (alive, but no new log line matching
     O(progress_regex) for O(stall_after) seconds), V(finished) (ended by itself with exit code 0),
-    V(crashed) (a non-zero exit code, a signal, or it could not start; with the log tail), V(missing)
+    V(crashed) (a non-zero exit code, a signal, or the job's first start could not run it; with the log tail), V(missing)
     (no record of a run, or its main process is gone without an exit record, as after a reboot of the
     container), or V(stopped) (ended because this module stopped it while it was running and
     progressing). A run this module stopped while it was stalled, crashed or missing keeps that
     verdict (a failure stays one - the crash-loop guard counts it, and a relaunch resumes it).
+    A start that fails before the job runs (its working directory, its user, its program cannot be
+    taken) is the relaunch's own failure, not the job's - the job is judged as the run that start was
+    to replace (a healthy run it stopped is V(stopped), never V(missing)), with the failed start named
+    in RV(health.reason); the crash-loop guard does not count it, and no O(resume_args) are added for it.
   - O(state=probe) asks what O(state=started) would do, and whether the relaunch should act - it judges
     the job as every state does, plans what O(state=started) would do (RV(operation) V(none), V(start) or
     V(restart), or a refusal by the crash-loop guard) and returns that plan as O(state=started) renders
@@ -175,6 +181,10 @@ options:
   chdir:
     description:
       - Absolute path of the job's working directory. Defaults to V(/).
+      - Entered as the job's user, after root was dropped (with both backends; systemd's
+        C(WorkingDirectory=) is not used, as PID 1 would enter it as root), so a directory the user
+        swapped for a link into a place only root may reach is refused, never entered. A job that
+        runs as root has it walked as O(log_path) is (no symlink another user can change).
     type: path
   env:
     description:
@@ -597,7 +607,9 @@ ended_at:
   type: str
   sample: "2026-12-02T16:10:00.654321+00:00"
 start_error:
-  description: Why the backend could not start the command at all (for example, the program does not exist).
+  description:
+    - Why the backend could not start the command at all (for example, the program does not exist, or
+      its interpreter; the working directory cannot be entered as the job's user).
   returned: when the job could not be started
   type: str
   sample: "cannot start ['/no/such/program']: [Errno 2] No such file or directory: '/no/such/program'"
