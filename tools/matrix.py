@@ -11,7 +11,7 @@ requirements and the interpreter. Every run then:
    against localhost, the target's interpreter the entry's Python, with a job of the entry's own (its
    name, a copy of the installed demo trainer in a temporary dir, its own log and state dirs, a
    clean-up pattern anchored to that copy's path, no GPU required): a launch, then a no-op that
-   changes nothing and keeps the same pid (read from relaunch_summary_dir: localhost.json, fleet.json),
+   changes nothing and keeps the same pid (read from relaunch_summary_dir: localhost@JOB.json, fleet.json),
 4. stops the job with train_launch state=stopped through the same venv, and checks that nothing is
    left running.
 
@@ -217,7 +217,7 @@ def _inventory(entry: Entry, work: Path, script: Path) -> dict:
 
 
 def _relaunch(entry: Entry, ns: PidNamespace, work: Path, env: dict[str, str], label: str) -> tuple[dict, dict, int]:
-    """One run of the installed relaunch.yml inside `ns`: (localhost.json, fleet.json, changed count)."""
+    """One run of the installed relaunch.yml inside `ns`: (localhost@JOB.json, fleet.json, changed count)."""
     summaries = work / f"summary-{label}"
     inside = ["nsenter", f"--target={ns.init_pid}", "--pid", "--mount", "--"]
     out = _run([*inside, str(entry.venv / "bin" / "ansible-playbook"), "gpuops.relaunch.relaunch",
@@ -226,7 +226,11 @@ def _relaunch(entry: Entry, ns: PidNamespace, work: Path, env: dict[str, str], l
     recap = RECAP.search(out)
     if recap is None:
         raise MatrixFailure(f"{label}: no PLAY RECAP for localhost (see {work / f'{label}.log'})")
-    host = json.loads((summaries / "localhost.json").read_text(encoding="utf-8"))
+    # One summary file per host and job (HOST@JOB.json, names percent-encoded); this inventory has one of each.
+    host_files = sorted(summaries.glob("localhost@*.json"))
+    if len(host_files) != 1:
+        raise MatrixFailure(f"{label}: not one localhost@JOB.json in {summaries}: {[p.name for p in host_files]}")
+    host = json.loads(host_files[0].read_text(encoding="utf-8"))
     fleet = json.loads((summaries / "fleet.json").read_text(encoding="utf-8"))
     if "localhost" not in fleet.get("hosts", {}):
         raise MatrixFailure(f"{label}: fleet.json has no localhost: {fleet}")

@@ -9,7 +9,9 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import fleet_summary
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import ReportError, write_report
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
+    FLEET_FILE, ReportError, report_dir, write_report,
+)
 
 ARGUMENT_SPEC = {
     "summary_var": {"type": "str", "default": "relaunch_summary"},
@@ -49,7 +51,8 @@ class ActionModule(ActionBase):
         )
         if args["summary_dir"]:
             try:
-                result["summary_path"] = write_report(args["summary_dir"], "fleet.json", fleet)
+                result["summary_path"] = write_report(report_dir(args["summary_dir"], bool(self._task.check_mode)),
+                                                      FLEET_FILE, fleet)
             except ReportError as exc:
                 return dict(result, failed=True, msg=f"summary_dir: {exc}")
         return result

@@ -10,7 +10,9 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import failure_message, host_summary
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import ReportError, write_report
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
+    ReportError, report_dir, summary_file_name, write_report,
+)
 
 ARGUMENT_SPEC = {
     "results": {"type": "dict", "required": True},
@@ -34,6 +36,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         host = task_vars["inventory_hostname"]
+        if args["summary_dir"] and not args["job_name"]:
+            return dict(result, failed=True, msg="summary_dir needs job_name (a file per host and job: DIR/HOST@JOB.json)")
         summary = host_summary(host, bool(self._task.check_mode), args["results"], args["failure"] or None,
                                args["rank"])
         result.update(
@@ -48,7 +52,10 @@ class ActionModule(ActionBase):
         )
         if args["summary_dir"]:
             try:
-                result["summary_path"] = write_report(args["summary_dir"], f"{host}.json", summary)
+                # One file per host and job, named so that no host name leads out of the directory
+                # or onto the fleet's file; check mode's apart, never over a real run's.
+                result["summary_path"] = write_report(report_dir(args["summary_dir"], bool(self._task.check_mode)),
+                                                      summary_file_name(host, args["job_name"]), summary)
             except ReportError as exc:
                 return dict(result, failed=True, msg=f"summary_dir: {exc}")
         if args["metrics_dir"]:

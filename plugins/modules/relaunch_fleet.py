@@ -16,7 +16,7 @@ description:
     but has no summary counts as failed; hosts of later batches are not in it yet. Run it once (C(run_once)).
   - >-
     Shows it, sets the fact C(relaunch_fleet), the set_stats data C(relaunch_fleet), and with O(summary_dir) writes
-    DIR/fleet.json on the controller.
+    DIR/fleet.json on the controller (DIR/check/fleet.json in check mode, so that it never replaces a real run's).
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
@@ -33,7 +33,9 @@ options:
     type: str
     default: relaunch_probe
   summary_dir:
-    description: When set, also write DIR/fleet.json on the controller.
+    description:
+      - When set, also write DIR/fleet.json on the controller (no host's summary file, DIR/HOST@JOB.json, can have that name).
+      - In check mode, DIR/check/fleet.json instead.
     type: str
     default: ""
 attributes:

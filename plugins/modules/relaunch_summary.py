@@ -14,8 +14,8 @@ description:
   - >-
     Builds the host's summary from the results the C(gpuops.relaunch.relaunch) role registered (O(results)) as native
     data (the same types on every ansible-core), shows it, sets it as the fact C(relaunch_summary) and as set_stats data
-    (C(relaunch_summary), keyed by host, aggregated), and with O(summary_dir) writes it to DIR/HOST.json on the
-    controller (a temporary file renamed into place, mode 0644).
+    (C(relaunch_summary), keyed by host, aggregated), and with O(summary_dir) writes it to DIR/HOST@JOB.json on the
+    controller (a temporary file renamed into place, mode 0644), one file per host and job.
   - >-
     With O(metrics_dir), also writes the summary as a Prometheus textfile for node_exporter on the target
     (DIR/gpuops_relaunch_JOB.prom), by running M(gpuops.relaunch.relaunch_metrics) there over the task's connection:
@@ -43,11 +43,18 @@ options:
     description: The fact C(relaunch_rank) of a rank of a multi-rank job.
     type: dict
   job_name:
-    description: The job's name, for the refusal message.
+    description: The job's name, for the refusal message and the names of the files written; needed with O(summary_dir) or O(metrics_dir).
     type: str
     default: ""
   summary_dir:
-    description: When set, also write the summary to DIR/HOST.json on the controller (the directory is created).
+    description:
+      - When set, also write the summary to DIR/HOST@JOB.json on the controller (the directory is created), where HOST is
+        the inventory hostname and JOB is O(job_name).
+      - Both are percent-encoded (as Python's C(urllib.parse.quote), which C(urllib.parse.unquote) reverses) except for
+        lower case letters, digits, C(-), C(_), C(~) and a C(.) that does not lead, so that every host and job has a file
+        of its own inside DIR, even where the file system folds case, and none is the fleet summary's C(fleet.json)
+        (M(gpuops.relaunch.relaunch_fleet)).
+      - In check mode the file goes to DIR/check/HOST@JOB.json instead, so that it never replaces a real run's.
     type: str
     default: ""
   metrics_dir:
@@ -107,7 +114,7 @@ summary:
   returned: always
   type: dict
 summary_path:
-  description: The JSON file written.
+  description: The JSON file written (DIR/HOST@JOB.json, or in check mode DIR/check/HOST@JOB.json).
   returned: when O(summary_dir) is set
   type: str
 metrics_path:

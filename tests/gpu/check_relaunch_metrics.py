@@ -117,7 +117,7 @@ def main() -> int:
             if first.rc != 0:
                 print(first.stdout[-4000:], first.stderr[-2000:])
                 return fail(["the first relaunch failed"])
-            launched = json.loads((work / "summary" / "localhost.json").read_text(encoding="utf-8"))
+            launched = json.loads((work / "summary" / "localhost@gpu-check.json").read_text(encoding="utf-8"))
             print(f"first relaunch: {launched['status']}, pid {launched['job']['pid']}, seconds {launched['seconds']}")
             held_before = used_mib(args.device)
             print(f"NVML before the forced relaunch: {held_before:.0f} MiB used on GPU {args.device}")
@@ -128,7 +128,7 @@ def main() -> int:
             if forced.rc != 0:
                 print(forced.stdout[-4000:], forced.stderr[-2000:])
                 return fail(["the forced relaunch failed"])
-            summary = json.loads((work / "summary" / "localhost.json").read_text(encoding="utf-8"))
+            summary = json.loads((work / "summary" / "localhost@gpu-check.json").read_text(encoding="utf-8"))
             print(f"forced relaunch: {summary['status']}, pid {summary['job']['pid']}, seconds {summary['seconds']}, "
                   f"released {summary['gpu_released_mib']} MiB, gpus {summary['gpus']}")
             if summary["status"] != "relaunched" or summary["job"]["pid"] == launched["job"]["pid"]:

@@ -92,7 +92,9 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     # Machine-readable: set_stats data (AWX), and a JSON file on the controller.
     stats = json.loads(run.stdout)["global_custom_stats"]["relaunch_summary"]
     assert list(stats) == ["localhost"] and stats["localhost"]["job"]["pid"] == first["job"]["pid"]
-    assert json.loads((site["dir"] / "localhost.json").read_text())["relaunched"] is True
+    # One file per host and job (HOST@JOB.json), the fleet's apart.
+    assert json.loads((site["dir"] / f"localhost@{site['vars']['job_launch_name']}.json").read_text())["relaunched"] is True
+    assert set(json.loads((site["dir"] / "fleet.json").read_text())["hosts"]) == {"localhost"}
     assert {stale["main"], stale["zombie"], stale["zombie_leader"]} <= set(first["ended"])
     for pid in stale.values():
         wait_until(lambda p=pid: state_of(p) is None, what=f"stale pid {pid} to be gone")
@@ -118,8 +120,14 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
 
 def test_check_mode_changes_nothing(site):
     stale = stale_run(site)
-    run = run_playbook(PLAYBOOK, inventory=site["inventory"], check=True)
+    reports = site["dir"] / "reports"
+    run = run_playbook(PLAYBOOK, inventory=site["inventory"], check=True, extra_vars={"relaunch_summary_dir": str(reports)})
     result = summary(run)
+    # Its reports go apart (DIR/check/), where they never replace a real run's.
+    host_file = f"localhost@{site['vars']['job_launch_name']}.json"
+    assert sorted(p.name for p in reports.iterdir()) == ["check"]
+    assert sorted(p.name for p in (reports / "check").iterdir()) == sorted([host_file, "fleet.json"])
+    assert json.loads((reports / "check" / host_file).read_text())["check_mode"] is True
     assert result["relaunched"] is False and result["check_mode"] is True
     assert result["would_relaunch"] is True and result["job"]["operation"] == "start"  # it says what it would do
     for pid in stale.values():
@@ -128,7 +136,10 @@ def test_check_mode_changes_nothing(site):
         Path(site["vars"]["job_launch_state_dir"]).iterdir())
     assert not Path(site["vars"]["job_launch_log_path"]).exists()
     # Now for real, so the fixture's clean-up finds no stale run of this test left over.
-    summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))
+    checked = {path.name: path.read_bytes() for path in (reports / "check").iterdir()}
+    summary(run_playbook(PLAYBOOK, inventory=site["inventory"], extra_vars={"relaunch_summary_dir": str(reports)}))
+    assert json.loads((reports / host_file).read_text())["check_mode"] is False and (reports / "fleet.json").is_file()
+    assert {path.name: path.read_bytes() for path in (reports / "check").iterdir()} == checked
     for pid in stale.values():
         wait_until(lambda p=pid: state_of(p) is None, what=f"stale pid {pid} to be gone")
 

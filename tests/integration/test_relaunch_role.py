@@ -92,7 +92,8 @@ def test_the_role_in_a_users_play_relaunches_once_and_then_changes_nothing(clust
         assert done[host]["status"] == "relaunched", done[host]
         assert done[host]["health"]["state"] == "missing" and done[host]["job"]["operation"] == "start"
         assert isinstance(done[host]["job"]["pid"], int)
-        assert json.loads((cluster["dir"] / "summaries" / f"{host}.json").read_text(encoding="utf-8")) == done[host]
+        job = cluster["hosts"][host]["job_launch_name"]
+        assert json.loads((cluster["dir"] / "summaries" / f"{host}@{job}.json").read_text(encoding="utf-8")) == done[host]
         assert first.tasks_run(host) <= FIRST_TASKS + 3  # the user's own three tasks
     assert "Not part of a relaunch" not in first.tasks
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from urllib.parse import unquote
 
 import pytest
 
@@ -10,7 +12,9 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
     FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, check_force, check_ranks, clearance, decide,
     failure_message, fleet_summary, host_summary, rank_of,
 )
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import ReportError, write_report
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
+    CHECK_DIR, FLEET_FILE, ReportError, file_name_part, report_dir, summary_file_name, write_report,
+)
 
 
 def probe(action: str = "none", state: str = "running", why: str = "w", resume: bool = False) -> dict:
@@ -234,3 +238,39 @@ def test_a_report_is_written_whole_and_replaces_a_planted_symlink(tmp_path):
     (tmp_path / "file").write_text("", encoding="utf-8")
     with pytest.raises(ReportError, match="cannot write"):
         write_report(str(tmp_path / "file"), "x.json", {})
+
+
+# --- controller files stay where they belong (issue 24, item 8) -------------------------------------
+
+
+TRICKY_NAMES = ["gpu1", "GPU1", "Gpu1", "/../../x", "../x", "..", ".", ".hidden", "fleet", "fleet.json", "check",
+                "a@b", "a%40b", "a%2540b", "%2E.", "a b", "a/b", "a\\b", "n\u00e9", "ne\u0301", "x\x1b[2Jy", "a.b", "a~b",
+                "a-b", "a_b", "A", "a"]
+
+
+def test_a_file_name_part_is_injective_even_on_a_case_insensitive_file_system_and_reversible():
+    parts = [file_name_part(name) for name in TRICKY_NAMES]
+    # Injective, and still after case-folding (macOS' default file system folds case).
+    assert len({part.casefold() for part in parts}) == len(TRICKY_NAMES)
+    for name, part in zip(TRICKY_NAMES, parts):
+        assert "/" not in part and "\\" not in part and not part.startswith(".") and "@" not in part
+        assert part.isascii() and part.isprintable() and part
+        assert unquote(part) == name
+    assert file_name_part("gpu-node_01.lab~1") == "gpu-node_01.lab~1"  # a usual hostname stays readable
+
+
+def test_summary_files_are_one_per_host_and_job_and_never_the_fleets():
+    names = {summary_file_name(host, job) for host in TRICKY_NAMES for job in ("train", "eval", "fleet", "x@y")}
+    assert len(names) == len(TRICKY_NAMES) * 4
+    assert FLEET_FILE not in names and all(name.endswith(".json") and name.count("@") == 1 for name in names)
+    assert all(os.path.basename(name) == name and not name.startswith(".") for name in names)
+    assert summary_file_name("gpu1", "train") == "gpu1@train.json"
+    assert summary_file_name("/../../x", "j") == "%2F..%2F..%2Fx@j.json"
+    with pytest.raises(ValueError, match="job_name"):
+        summary_file_name("gpu1", "")
+
+
+def test_check_mode_reports_go_to_their_own_directory(tmp_path):
+    assert report_dir("/r", False) == "/r" and report_dir("/r", True) == os.path.join("/r", CHECK_DIR)
+    # No summary or fleet file name can be the check directory's.
+    assert CHECK_DIR not in {summary_file_name(host, "j") for host in TRICKY_NAMES} | {FLEET_FILE}
