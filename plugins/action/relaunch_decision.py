@@ -10,7 +10,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    RelaunchInputError, check_force, check_ranks, decide, rank_of,
+    RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory, decide, rank_of,
 )
 
 ARGUMENT_SPEC = {
@@ -43,17 +43,24 @@ class ActionModule(ActionBase):
             # is None (the role's "{{ job_launch_ranks | default(none) }}") as "" (tools/matrix.py, 2.16).
             if args["ranks"] not in (None, ""):
                 ranks = args["ranks"]
+                check_ranks_in_inventory(host, ranks, _var(hostvars, host, "job_launch_ranks"))
                 check_ranks(host, ranks, {name: _var(hostvars, name, "job_launch_ranks") for name in ranks},
                             play_hosts, list(task_vars.get("ansible_play_batch") or []))
                 rank = rank_of(host, ranks, _vars(hostvars, str(ranks[0])))
-                rank_probes = {name: _var(hostvars, name, args["probe_var"]) for name in rank.ranks}
+                # A rank that has left the play (failed, unreachable) did not probe in this include: what
+                # its hostvars hold is an earlier one's, and does not count (as a probe that did not answer).
+                active = task_vars.get("ansible_play_hosts")
+                rank_probes = {name: _var(hostvars, name, args["probe_var"]) if active is None or name in active else None
+                               for name in rank.ranks}
         except RelaunchInputError as exc:
             return dict(result, failed=True, msg=str(exc))
         decision = decide(args["probe"], rank, rank_probes)
-        facts: dict[str, Any] = {"relaunch_decision": decision}
-        if rank is not None:
-            facts["relaunch_rank"] = rank.as_dict()
-        return dict(result, changed=False, ansible_facts=facts, decision=decision, msg=decision["why"])
+        # The rank is set either way (null: a job of one host), so that no step reads the one an
+        # earlier include of the role, for another job, left in the facts.
+        rank_facts = rank.as_dict() if rank is not None else None
+        facts: dict[str, Any] = {"relaunch_decision": decision, "relaunch_rank": rank_facts}
+        return dict(result, changed=False, ansible_facts=facts, decision=decision, rank=rank_facts,
+                    msg=decision["why"])
 
     @staticmethod
     def _forced_hosts(hostvars: Any, play_hosts: list[str]) -> int:

@@ -8,12 +8,15 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import failure_message, rank_of
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
+    RelaunchInputError, failure_message, rank_of,
+)
 
 
 def rank_env(env: Any, ranks: Any, host: str, hostvars: Any) -> dict[str, Any]:
     """The job's environment with this host's rank variables (MASTER_ADDR, MASTER_PORT, NODE_RANK,
-    NNODES) when `ranks` lists it; unchanged otherwise (relaunch_decision then says what is wrong)."""
+    NNODES) when `ranks` lists it and rank 0's port is a port; unchanged otherwise (relaunch_decision then
+    says what is wrong, before anything changes)."""
     if env is None:
         env = {}
     if not isinstance(env, dict):
@@ -24,7 +27,10 @@ def rank_env(env: Any, ranks: Any, host: str, hostvars: Any) -> dict[str, Any]:
         rank0 = hostvars[str(ranks[0])]
     except KeyError:
         return dict(env)
-    return dict(env, **rank_of(host, ranks, rank0).env())
+    try:
+        return dict(env, **rank_of(host, ranks, rank0).env())
+    except RelaunchInputError:
+        return dict(env)
 
 
 class FilterModule:

@@ -20,9 +20,12 @@ description:
     did not answer does not count. When one rank failed (crashed, stalled, missing) every rank resumes.
   - >-
     Fails, before anything changes, when O(force) is true on every host of the play and neither C(relaunch_hosts) nor
-    C(--limit) names the hosts, or when O(ranks) does not make one job in this run and batch.
+    C(--limit) names the hosts, when O(ranks) does not make one job in this run and batch, when O(ranks) is not this
+    host's C(job_launch_ranks) in C(hostvars) (set as a play, role or task variable: the other ranks cannot read it),
+    or when rank 0's C(job_launch_master_port) is not a port from 1 to 65535.
   - >-
-    Sets the facts C(relaunch_decision) and, for a rank, C(relaunch_rank).
+    Sets the facts C(relaunch_decision) and C(relaunch_rank) (null for a job of one host), both on every run, so that
+    nothing reads what an earlier include of the role, for another job, left.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
@@ -39,7 +42,9 @@ options:
     type: bool
     default: false
   ranks:
-    description: The inventory hostnames of the job's ranks in rank order (C(job_launch_ranks)); null for a job of one host.
+    description:
+      - The inventory hostnames of the job's ranks in rank order (C(job_launch_ranks)); null for a job of one host.
+      - C(job_launch_ranks) must be a host or group variable (the inventory), the same for every rank.
     type: raw
   probe_var:
     description: The name under which every host registered its probe.
@@ -79,6 +84,13 @@ decision:
   type: dict
   sample: {action: relaunch, relaunch: true, why: "relaunched with its job, because rank(s) gpu2 must be", resume: true,
            resume_mode: always, stop: true, wanted_by: [gpu2]}
+rank:
+  description:
+    - This host's place in a multi-rank job, C(index), C(of), C(ranks), C(master_addr) and C(master_port); null for a
+      job of one host. Also the fact C(relaunch_rank).
+  returned: success
+  type: dict
+  sample: {index: 1, of: 2, ranks: [gpu1, gpu2], master_addr: 10.0.0.1, master_port: 29500}
 msg:
   description: The decision's C(why).
   returned: always

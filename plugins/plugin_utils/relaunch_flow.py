@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Health, worst
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import Action
 
@@ -63,12 +64,47 @@ class Rank:
 
 
 def rank_of(host: str, ranks: Any, rank0_vars: Mapping[str, Any]) -> Rank:
-    """This host's rank from its job_launch_ranks (not checked against the play: see check_ranks)."""
+    """This host's rank from its job_launch_ranks (not checked against the play: see check_ranks).
+    RelaunchInputError when rank 0's job_launch_master_port is no port."""
     names = tuple(str(name) for name in ranks)
     first = names[0] if names else host
     addr = rank0_vars.get("job_launch_master_addr") or rank0_vars.get("ansible_host") or first
-    port = rank0_vars.get("job_launch_master_port") or DEFAULT_MASTER_PORT
-    return Rank(names.index(host) if host in names else -1, names, str(addr), int(port))
+    port = master_port(rank0_vars.get("job_launch_master_port"), host, first)
+    return Rank(names.index(host) if host in names else -1, names, str(addr), port)
+
+
+def master_port(value: Any, host: str, first: str) -> int:
+    """Rank 0's job_launch_master_port as a port (1-65535), DEFAULT_MASTER_PORT when unset (null or ""; a
+    null template renders as "" before ansible-core 2.19); RelaunchInputError for anything else: the
+    port reaches the job as MASTER_PORT, and a job told MASTER_PORT=-5 fails only at its rendezvous."""
+    if value is None or (isinstance(value, str) and value == ""):
+        return DEFAULT_MASTER_PORT
+    port = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        port = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit():
+        port = int(value)
+    if port is None or not 1 <= port <= 65535:
+        raise RelaunchInputError(
+            f"{host}: job_launch_master_port (of rank 0, {first}) must be a port number from 1 to 65535, not "
+            f"{escape_controls(repr(value))}. No rank of this job is relaunched.")
+    return port
+
+
+def check_ranks_in_inventory(host: str, ranks: Any, own: Any) -> None:
+    """RelaunchInputError unless `ranks` (job_launch_ranks as this host's task sees it) is what this host's
+    hostvars hold (`own`): each rank reads the others' job_launch_ranks from hostvars, which have the
+    inventory's variables (and extra vars) but not a play's, a role's or a task's."""
+    def names(value: Any) -> list[str] | None:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            return None
+        return [str(name) for name in value]
+    if own is None or names(own) != names(ranks):
+        where = "is not in its hostvars" if own is None else f"is {escape_controls(repr(own))} in its hostvars"
+        raise RelaunchInputError(
+            f"{host}: job_launch_ranks must be set as a host or group variable (inventory), not a play, role or task "
+            f"variable: every rank reads the other ranks' job_launch_ranks from hostvars, and this host's {where}. "
+            f"No rank of this job is relaunched.")
 
 
 def check_ranks(host: str, ranks: Any, layouts: Mapping[str, Any], play_hosts: Sequence[str],

@@ -155,3 +155,26 @@ def test_a_host_without_a_job_name_or_command_fails_naming_it(site: Site, missin
     assert not Path(site.state_dirs["job-a"]).exists()
     assert not Path(site.vars["job-a"]["job_launch_log_path"]).exists()
     assert summaries(run)["job-b"]["relaunched"] is True and site.pids()["job-b"]
+
+
+def test_a_bad_master_port_and_ranks_set_in_the_play_are_refused_naming_the_variable(site: Site) -> None:
+    """A user's play gives job_launch_ranks as a variable of the include: job-a's inventory says the
+    same (so its ranks are fine) but its rank 0's port is no port; job-b's ranks exist only in the
+    play, where the other ranks cannot read them. Both fail at the decision, naming the variable;
+    nothing is started."""
+    site.vars["job-a"].update(job_launch_ranks=["job-a"], job_launch_master_port="29500x\x1b[2J")
+    play = [{"name": "Ours", "hosts": "all", "gather_facts": False, "tasks": [
+        {"name": "Relaunch", "ansible.builtin.include_role": {"name": "gpuops.relaunch.relaunch"},
+         "vars": {"job_launch_ranks": "{{ [inventory_hostname] }}"}}]}]
+    run = run_playbook(play, inventory=site.inventory())
+    assert run.rc != 0
+    port = run.result(REFUSE, "job-a")
+    assert port.get("failed") is True and "job_launch_master_port" in port["msg"], port
+    assert "\\x1b[2J" in port["msg"] and "\x1b" not in port["msg"] and "int()" not in port["msg"]
+    play_var = run.result(REFUSE, "job-b")
+    assert play_var.get("failed") is True, play_var
+    assert "job_launch_ranks must be set as a host or group variable (inventory)" in play_var["msg"]
+    assert "list other ranks" not in play_var["msg"]
+    for host in HOSTS:
+        assert not Path(site.state_dirs[host]).exists()
+        assert not Path(site.vars[host]["job_launch_log_path"]).exists()

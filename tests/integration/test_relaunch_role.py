@@ -125,3 +125,67 @@ def test_a_forced_relaunch_through_the_role_restarts_the_named_host_only(cluster
     refusal = everywhere.result("Decide, for every rank of the job at once", HOSTS[0])
     assert "neither relaunch_hosts nor --limit" in refusal["msg"]
     assert refusal.get("failed") is True
+
+
+def test_each_include_is_its_own_relaunch_and_writes_its_own_file(tmp_path):
+    """The role included twice on one host (two jobs): a job of one rank whose launch fails, then a
+    healthy job of one host. The second include reads nothing the first left (its failure, its rank,
+    its barrier marks), and each job's summary goes to a file of its own inside relaunch_summary_dir,
+    although the host's name reaches out of it and collides with the fleet's."""
+    host = "../fleet"
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    scripts = {}
+    for job in ("first", "second"):
+        scripts[job] = home / f"{job}_train.py"
+        shutil.copy(REPO / "playbooks" / "files" / "demo_train.py", scripts[job])
+    state_dir = str(home / "state")
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {host: {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        # The first job is a job of ranks (of one), set where ranks belong: the inventory.
+        "job_launch_ranks": [host],
+        "job_launch_state_dir": state_dir, "job_launch_ready_regex": "^step 1 ", "job_launch_min_uptime": 0.3,
+        "job_launch_startup_timeout": 30, "job_launch_term_timeout": 5, "process_cleanup_term_timeout": 5,
+        "gpu_drain_gpus_required": False, "gpu_drain_timeout": 20,
+    }}}}), encoding="utf-8")
+    summary_dir = tmp_path / "summaries"
+
+    def job_vars(job: str, *args: str) -> dict:
+        return {"job_launch_name": f"{job}-{os.getpid()}", "job_launch_command": [sys.executable, str(scripts[job]), *args],
+                "job_launch_log_path": str(home / "logs" / f"{job}.log"),
+                "process_cleanup_match": [f"{scripts[job]}\\b".replace(".", "\\.")],
+                "relaunch_summary_dir": str(summary_dir), "relaunch_fail_host": False}
+
+    play = [{"name": "Two jobs on one host", "hosts": "all", "gather_facts": False, "tasks": [
+        # Its program ends before it is ready: the launch fails, after the rank's barrier.
+        {"name": "The first job", "ansible.builtin.include_role": {"name": "gpuops.relaunch.relaunch"},
+         "vars": job_vars("first", "--ready-after", "5", "--exit-after", "0.2", "--exit-code", "3")},
+        {"name": "The second job", "ansible.builtin.include_role": {"name": "gpuops.relaunch.relaunch"},
+         "vars": dict(job_vars("second", "--ready-after", "0.1"), job_launch_ranks=None)},
+        {"name": "Sum up", "gpuops.relaunch.relaunch_fleet": {"summary_dir": str(summary_dir)}},
+    ]}]
+    try:
+        run = run_playbook(play, inventory=str(inventory))
+        assert run.rc == 0, run.stdout[-5000:] + run.stderr[-2000:]
+        first, second = (entry["summary"] for entry in run.tasks["Summarize"])
+        assert first["status"] == "failed" and first["rank"]["ranks"] == [host], first
+        assert "Launch the job and prove it started" in first["failed"]
+        # Nothing of the first include's: no failure, no rank (so no barrier and no stop again).
+        assert second["status"] == "relaunched" and second["failed"] is None and second["rank"] is None, second
+        assert len(run.tasks["Mark this rank ready to launch"]) == 1  # the first include's barrier only
+        assert run.result("Sum up")["fleet"]["hosts"][host]["status"] == "relaunched"
+        # One file per host and job, the host's name encoded; the fleet's apart; nothing outside the directory.
+        encoded = "%2E.%2Ffleet"
+        assert sorted(p.name for p in summary_dir.iterdir()) == sorted(
+            [f"{encoded}@first-{os.getpid()}.json", f"{encoded}@second-{os.getpid()}.json", "fleet.json"])
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "inventory.json", "summaries"]
+        assert json.loads((summary_dir / f"{encoded}@first-{os.getpid()}.json").read_text(encoding="utf-8")) == first
+        assert json.loads((summary_dir / f"{encoded}@second-{os.getpid()}.json").read_text(encoding="utf-8")) == second
+        assert set(json.loads((summary_dir / "fleet.json").read_text(encoding="utf-8"))["hosts"]) == {host}
+    finally:
+        run_playbook([{"name": "stop", "hosts": "all", "gather_facts": False, "tasks": [
+            {"name": "Stop", "gpuops.relaunch.train_launch": {"name": f"{job}-{os.getpid()}", "state": "stopped",
+                                                              "state_dir": state_dir}} for job in ("first", "second")]}],
+                     inventory=str(inventory))
+        end_recorded_runs(state_dir)

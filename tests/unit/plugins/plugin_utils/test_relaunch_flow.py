@@ -9,8 +9,8 @@ from urllib.parse import unquote
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, check_force, check_ranks, clearance, decide,
-    failure_message, fleet_summary, host_summary, rank_of,
+    FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory, clearance,
+    decide, failure_message, fleet_summary, host_summary, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
     CHECK_DIR, FLEET_FILE, ReportError, file_name_part, report_dir, summary_file_name, write_report,
@@ -240,6 +240,42 @@ def test_a_report_is_written_whole_and_replaces_a_planted_symlink(tmp_path):
         write_report(str(tmp_path / "file"), "x.json", {})
 
 
+# --- bad input names the variable (issue 24, item 9) ---------------------------------------------
+
+
+@pytest.mark.parametrize("port", [-5, 0, 65536, "29500x", "", " 29500", 1.5, True, [29500], "29500\x1b[2J"])
+def test_a_master_port_outside_1_to_65535_is_refused_naming_the_variable_and_the_value(port):
+    if port == "":
+        # An empty value is no value (ansible-core before 2.19 renders a null template as ""): the default port.
+        assert rank_of("a", ["a"], {"job_launch_master_port": port}).master_port == 29500
+        return
+    with pytest.raises(RelaunchInputError) as raised:
+        rank_of("b", ["a", "b"], {"job_launch_master_port": port})
+    message = str(raised.value)
+    assert "job_launch_master_port" in message and "1 to 65535" in message and "No rank of this job" in message
+    assert "\x1b" not in message
+    if port == "29500\x1b[2J":
+        assert "\\x1b[2J" in message
+
+
+@pytest.mark.parametrize("port, expect", [(1, 1), (65535, 65535), ("1234", 1234), (None, 29500)])
+def test_a_master_port_from_1_to_65535_is_taken(port, expect):
+    assert rank_of("a", ["a"], {"job_launch_master_port": port}).env()["MASTER_PORT"] == str(expect)
+
+
+def test_ranks_that_are_not_this_hosts_inventory_variable_are_refused_as_such():
+    # Set as a play, role or task variable, job_launch_ranks is not in hostvars: the other ranks cannot read it.
+    with pytest.raises(RelaunchInputError) as raised:
+        check_ranks_in_inventory("a", ["a", "b"], None)
+    assert "job_launch_ranks must be set as a host or group variable (inventory)" in str(raised.value)
+    assert "play" in str(raised.value) and "list other ranks" not in str(raised.value)
+    # A play variable that overrides the inventory's: the same.
+    with pytest.raises(RelaunchInputError, match="host or group variable"):
+        check_ranks_in_inventory("a", ["a", "b"], ["a", "c"])
+    check_ranks_in_inventory("a", ["a", "b"], ["a", "b"])
+    check_ranks_in_inventory("a", ("a", "b"), ["a", "b"])
+
+
 # --- controller files stay where they belong (issue 24, item 8) -------------------------------------
 
 
@@ -274,3 +310,10 @@ def test_check_mode_reports_go_to_their_own_directory(tmp_path):
     assert report_dir("/r", False) == "/r" and report_dir("/r", True) == os.path.join("/r", CHECK_DIR)
     # No summary or fleet file name can be the check directory's.
     assert CHECK_DIR not in {summary_file_name(host, "j") for host in TRICKY_NAMES} | {FLEET_FILE}
+
+
+def test_the_rank_env_filter_leaves_a_bad_port_to_the_decision():
+    # The probe's spec is templated before the decision: a bad port must not fail it with a bare int() error.
+    from ansible_collections.gpuops.relaunch.plugins.filter.relaunch import rank_env
+    assert rank_env({"A": "1"}, ["a", "b"], "b", {"a": {"job_launch_master_port": "29500x"}}) == {"A": "1"}
+    assert rank_env({}, ["a", "b"], "b", {"a": {"job_launch_master_port": "1234"}})["MASTER_PORT"] == "1234"
