@@ -13,7 +13,9 @@ job's user and group, and becomes the job (see _launch/supervisor.py). The unit 
 ``StandardOutput=append:PATH`` would have PID 1 open it as root, by path, after every check of ours,
 through whatever symlink the job's user put there meanwhile. Nor does it hold the job's environment
 (``systemctl show`` lets every user read a unit's ``Environment=``): that stays in launch.json
-(0600); the unit carries only the run's mark.
+(0600); the unit carries only the run's mark. Nor a ``WorkingDirectory=``: PID 1 would change into
+it as root, following whatever link the job's user put on the way; the main process enters it after
+it took the job's user (see ``enter_working_directory``).
 """
 
 from __future__ import annotations
