@@ -271,7 +271,10 @@ def check_as_job_user(launch: dict, timeout: float = CHECK_TIMEOUT) -> dict:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the forked child, which never returns
         try:
-            os.close(read_fd)
+            # Nothing of ours (the job's lock, Ansible's pipes, the log) stays open in a process of the job's user.
+            top = os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536
+            os.closerange(3, write_fd)
+            os.closerange(write_fd + 1, top)
             answer = _start_check(launch)
         except BaseException as exc:  # pylint: disable=broad-except
             answer = {"internal": "%s: %s" % (type(exc).__name__, exc)}
