@@ -6,8 +6,9 @@ Every check runs before anything is changed, and every problem names the option 
 with it; all of them are gathered (``_base.options``), so a bad task fails once, listing each
 problem, and leaves the machine as it was. ``options_from_params`` checks what the user wrote;
 ``preflight_start`` checks what a start needs from the machine - chdir and the program, asked as
-the job's user (a forked child that becomes that user, see ``resolve_program``), a log directory that exists or can be created and can be written, a log_path that
-is no symlink, FIFO or hard link, a state directory the records can be kept in, remove_paths and
+the job's user (a forked child that becomes that user, see ``resolve_program``), a log directory
+that exists or can be created and can be written, a log_path that is no symlink, FIFO or hard
+link, a state directory the records can be kept in, remove_paths and
 log_path reached without a symlink another user can change (see ``_base/safepath.py``), and the
 backend - because a start that cannot work must not first stop the running job and rotate its log.
 The probe (check mode) and the real start call the same ``preflight_start``, so a relaunch that
