@@ -47,11 +47,7 @@ class ActionModule(ActionBase):
                 check_ranks(host, ranks, {name: _var(hostvars, name, "job_launch_ranks") for name in ranks},
                             play_hosts, list(task_vars.get("ansible_play_batch") or []))
                 rank = rank_of(host, ranks, _vars(hostvars, str(ranks[0])))
-                # A rank that has left the play (failed, unreachable) did not probe in this include: what
-                # its hostvars hold is an earlier one's, and does not count (as a probe that did not answer).
-                active = task_vars.get("ansible_play_hosts")
-                rank_probes = {name: _var(hostvars, name, args["probe_var"]) if active is None or name in active else None
-                               for name in rank.ranks}
+                rank_probes = {name: _var(hostvars, name, args["probe_var"]) for name in rank.ranks}
         except RelaunchInputError as exc:
             return dict(result, failed=True, msg=str(exc))
         decision = decide(args["probe"], rank, rank_probes)

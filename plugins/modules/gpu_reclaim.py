@@ -28,17 +28,19 @@ description:
     died) and its pids get reused by unrelated processes. A listed process is signalled only if,
     at the moment of the signal, it holds open the device file of a GPU the driver lists it on:
     the character device with the NVIDIA driver's major number 195 and that GPU's minor number as
-    NVML gives it (C(nvmlDeviceGetMinorNumber); C(/dev/nvidiaN) for minor N), told by the kernel's
+    the driver gives it (C(nvmlDeviceGetMinorNumber), or C(<minor_number>) of one C(nvidia-smi -q -x)
+    run with O(backend=nvidia-smi); C(/dev/nvidiaN) for minor N), told by the kernel's
     device numbers of the file its descriptor leads to, never by a name (a C(Zl) leader by its live
     threads' files in C(/proc/PID/task/TID/fd)). C(/dev/nvidiactl), C(/dev/nvidia-uvm) and
     C(/dev/nvidia-modeset), which GPU users share, and another GPU's C(/dev/nvidiaM) prove nothing.
     One that does not hold it is returned in RV(not_holding) (and in RV(spared) with reason
     V(not_holding)), with what it holds instead, and never signalled."
-  - "Where a GPU's minor number is not known (the NVML call fails or is not supported, or
-    O(backend=nvidia-smi), which does not report it), nothing proves a holder of that GPU: its
-    holders are returned in RV(spared) with reason V(device_unknown) and never signalled, rather
-    than judged by any NVIDIA file they hold. Ending holders therefore needs the NVML bindings
-    (O(backend=pynvml), or V(auto) where they are installed)."
+  - "Where a GPU's minor number is not known (the NVML call fails or is not supported; nvidia-smi
+    reports it as N/A, gives no number or a number no GPU has, or its C(-q -x) run fails), nothing
+    proves a holder of that GPU: its holders are returned in RV(spared) with reason
+    V(device_unknown) and never signalled, rather than judged by any NVIDIA file they hold.
+    With O(backend=nvidia-smi) the report is read once per task, for the look, not on every poll
+    of the release wait."
   - "Identity: the process table is read before the driver is asked, so a listed pid is identified
     by the (pid, start time) it had in that table. Each signal goes through the collection's one
     signal gate: the process is pinned with a pidfd (C(pidfd_open), Linux 5.3+) and only then its
@@ -62,8 +64,7 @@ author:
   - gpuops.relaunch maintainers (@gpuops)
 requirements:
   - On the target, the NVIDIA driver and either the Python bindings C(pynvml) (package C(nvidia-ml-py)) for the
-    interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)). Holders are signalled only
-    with the bindings, which give each GPU's minor number.
+    interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)).
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.platform
@@ -157,7 +158,7 @@ options:
       - Shell glob over the targets of open file descriptors (C(/proc/PID/fd/*), and
         C(/proc/PID/task/TID/fd/*) for a C(Zl) leader) where the device files of the GPUs are
         looked for. Of the files matching it, only the character device of the GPU the process is
-        listed on (major 195, the GPU's minor number from NVML) proves that it holds that GPU; a
+        listed on (major 195, the GPU's minor number from the driver) proves that it holds that GPU; a
         listed process holding no such file is not signalled (RV(not_holding)).
       - An absolute path glob that names the device files. Refused when its file name begins with a
         wildcard or it matches a file nearly every process holds (C(/dev/null), a terminal), because
@@ -276,7 +277,7 @@ spared:
 not_holding:
   description:
     - Listed holders that held no device file of the GPUs they are listed on (major 195, each GPU's
-      minor number from NVML), in the look or when they were to be signalled, so were never signalled
+      minor number from the driver), in the look or when they were to be signalled, so were never signalled
       (the same entries are in RV(spared) with reason V(not_holding)); the C(detail) names what they
       hold instead (another GPU's device file, only the shared ones, or none). The driver's listing of
       them is stale, or their pid now names another process; while the driver still lists them the

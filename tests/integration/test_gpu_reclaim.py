@@ -54,7 +54,7 @@ SCENE_PRELUDE = textwrap.dedent(r"""
 
     GPU_FILE = char_node("nvidia0", 0)
     NODES = {name: char_node(name, minor) for name, minor in (("nvidia1", 1), ("nvidia4", 4), ("nvidia5", 5),
-                                                              ("nvidiactl", 255))}
+                                                              ("nvidia7", 7), ("nvidiactl", 255))}
     GPU_GLOB = str(DEV / "nvidia*")
 
     # A holder: a sleeper whose command line carries its tag; "stubborn" ignores SIGTERM, and says
@@ -113,17 +113,23 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
     gpu.add_device(minor_number=5)
     gpu.add_device()
     gpu.fault("nvmlDeviceGetMinorNumber", "NOT_SUPPORTED", device=4)
+    # GPU 5 (minor number 7) is reclaimed through the nvidia-smi backend, which reads the numbers
+    # from `nvidia-smi -q -x` (the fake tool answers from this simulated driver).
+    gpu.add_device(minor_number=7)
     kinds = {"victim": ("plain", "ci/job/train.py", 0, 4096), "stubborn": ("stubborn", "ci/job/eval.py", 1, 2048),
              "allowed": ("plain", "agent/dcgm-exporter", 0, 80), "guarded": ("plain", "agent/gpuops-guarded-monitor", 1, 64),
              "elsewhere": ("plain", "ci/job/other.py", 2, 1024), "owner": ("plain", "ci/job/gpu3.py", 3, 512),
-             "cross": ("plain", "ci/job/gpu1-user.py", 3, 256), "unproven": ("plain", "ci/job/gpu4.py", 4, 256)}
+             "cross": ("plain", "ci/job/gpu1-user.py", 3, 256), "unproven": ("plain", "ci/job/gpu4.py", 4, 256),
+             "smi_owner": ("plain", "ci/job/gpu5.py", 5, 512), "smi_cross": ("plain", "ci/job/gpu1-too.py", 5, 256)}
     # The holders of GPU 1 hold its node (195:1), those of GPU 0 GPU_FILE (195:0).
     # "elsewhere" is listed on GPU 2 but has no device file open: a stale listing. On GPU 3, "owner"
     # holds GPU 3's node (195:5) and "cross" only GPU 1's (195:1); both hold /dev/nvidiactl, as every
-    # CUDA process does. "unproven" holds GPU 4's node, whose number NVML does not give.
+    # CUDA process does. "unproven" holds GPU 4's node, whose number NVML does not give. On GPU 5,
+    # "smi_owner" holds its node (195:7), "smi_cross" GPU 1's and /dev/nvidiactl.
     files = {"stubborn": NODES["nvidia1"], "guarded": NODES["nvidia1"], "elsewhere": None,
              "owner": [NODES["nvidiactl"], NODES["nvidia5"]],
-             "cross": [NODES["nvidiactl"], NODES["nvidia1"]], "unproven": [NODES["nvidiactl"], NODES["nvidia4"]]}
+             "cross": [NODES["nvidiactl"], NODES["nvidia1"]], "unproven": [NODES["nvidiactl"], NODES["nvidia4"]],
+             "smi_owner": [NODES["nvidiactl"], NODES["nvidia7"]], "smi_cross": [NODES["nvidiactl"], NODES["nvidia1"]]}
     holders = {}
     for name, (kind, tag, device, mib) in kinds.items():
         proc = start_holder(kind, f"{work}/{tag}", files.get(name, GPU_FILE))
@@ -194,6 +200,14 @@ PLAYBOOK_SCENE = SCENE_PRELUDE + textwrap.dedent(r"""
          "ignore_errors": True}
         for name, index in [("GPU 3, holders of its own and of another GPU's device file", 3),
                             ("GPU 4, whose minor number NVML cannot give", 4)]]
+    # The same proof with the nvidia-smi backend: GPU 5's number from nvidia-smi -q -x; GPU 4's is N/A there.
+    smi = {"backend": "nvidia-smi", "nvidia_smi": str(repo / "tests" / "harness" / "fake_nvidia_smi" / "nvidia-smi")}
+    bad[0]["tasks"] += [
+        {"name": name, "gpuops.relaunch.gpu_reclaim": dict({"devices": [index], "driver_pids": "own_namespace",
+                                                            "gpu_device_glob": GPU_GLOB, "term_timeout": 1.5,
+                                                            "release_timeout": 0.5, "poll_interval": 0.1}, **smi),
+         "ignore_errors": True}
+        for name, index in [("GPU 5 through nvidia-smi", 5), ("GPU 4 through nvidia-smi, which says N/A", 4)]]
     (work / "bad.yml").write_text(json.dumps(bad))
     report = {"pids": {name: h["pid"] for name, h in holders.items()}}
     report["bad_options"] = play("bad_options", {"ansible_python_interpreter": PYTHON}, playbook=str(work / "bad.yml"))
@@ -365,7 +379,8 @@ def test_reclaim_ends_the_unlisted_holders_and_spares_the_allow_listed_and_prote
     assert reasons[1] == "pid1" and reasons[run["shell"]] == "ancestor"
     assert pids["elsewhere"] not in reasons  # GPU 2 was not chosen: its holder is not even looked at
     assert run["alive"] == {"victim": False, "stubborn": False, "allowed": True, "guarded": True, "elsewhere": True,
-                            "owner": False, "cross": True, "unproven": True}  # "owner": ended on GPU 3 in bad_options
+                            "owner": False, "cross": True, "unproven": True,  # "owner": ended on GPU 3 in bad_options
+                            "smi_owner": False, "smi_cross": True}  # "smi_owner": on GPU 5 in bad_options
     # Per-device memory: GPU 0 keeps what the spared holders use.
     gpus = {g["index"]: g for g in result["gpus"]}
     assert set(gpus) == {0, 1}
@@ -409,7 +424,7 @@ def test_check_mode_reports_what_it_would_end_and_ends_nothing(playbook_scene):
     assert result["changed"] is True and result["signals"] == [] and result["ended"] == []
     assert sorted(t["pid"] for t in result["targets"]) == sorted([pids["victim"], pids["stubborn"]])
     assert result["msg"].startswith("check mode: would end 2 holder(s)")
-    assert {name for name, alive in run["alive"].items() if not alive} == {"owner"}, run["alive"]  # ended on GPU 3
+    assert {name for name, alive in run["alive"].items() if not alive} == {"owner", "smi_owner"}, run["alive"]  # ended on GPUs 3, 5
     summary = run["custom_stats"]["reclaim_summary"]["localhost"]
     assert summary["check_mode"] is True and summary["ended"] == []
     assert sorted(summary["would_end"]) == sorted([pids["victim"], pids["stubborn"]])
@@ -436,13 +451,13 @@ def test_bad_options_name_the_option_and_change_nothing(playbook_scene):
     assert "an empty list never means all" in tasks["empty devices"]["msg"]
     assert "devices: no GPU 7 on this host" in tasks["unknown GPU"]["msg"]
     assert "gpu_device_glob: must name the GPU device files" in tasks["glob of any file"]["msg"]
-    assert {name for name, alive in run["alive"].items() if not alive} == {"owner"}, run["alive"]  # ended on GPU 3
+    assert {name for name, alive in run["alive"].items() if not alive} == {"owner", "smi_owner"}, run["alive"]  # ended on GPUs 3, 5
     optional, required = tasks["no GPU, optional"], tasks["no GPU, required"]
     assert not optional.get("failed") and optional["gpu_present"] is False and optional["changed"] is False, optional
     assert required["failed"] is True and required["error_kind"] == "library_not_found", required
     # The playbook refuses an empty reclaim_devices itself, naming its variable.
     refused = playbook_scene["no_devices"]
-    assert refused["rc"] != 0 and {name for name, alive in refused["alive"].items() if not alive} == {"owner"}
+    assert refused["rc"] != 0 and {name for name, alive in refused["alive"].items() if not alive} == {"owner", "smi_owner"}
     assert "reclaim_devices must list the GPUs" in refused["tasks"]["Refuse a run that does not name the GPUs"]["msg"]
 
 
@@ -542,3 +557,22 @@ def test_a_process_holding_only_another_gpus_device_file_is_not_signalled_for_th
     assert entry["pid"] == cross["other"] and "no device file of GPU 0 (char 195:0)" in entry["detail"]
     assert "nvidia1 (char 195:1)" in entry["detail"]
     assert cross["released"] is False  # "other" is still listed on GPU 0
+
+
+def test_the_nvidia_smi_backend_proves_holding_by_the_minor_number_of_nvidia_smi_q_x(playbook_scene):
+    """Through backend=nvidia-smi: GPU 5's minor number (7) comes from one `nvidia-smi -q -x` run;
+    "smi_owner" holds 195:7 and is ended, "smi_cross", listed on GPU 5 too, holds only GPU 1's device
+    file and is spared. GPU 4's number is N/A in the report: nothing is signalled there."""
+    run, pids = playbook_scene["bad_options"], playbook_scene["pids"]
+    gpu5 = run["tasks"]["GPU 5 through nvidia-smi"]
+    assert [(e["pid"], e["signal"]) for e in gpu5["ended"]] == [(pids["smi_owner"], "SIGTERM")], gpu5["msg"]
+    assert {s["pid"] for s in gpu5["signals"]} == {pids["smi_owner"]} and gpu5["changed"] is True
+    (entry,) = gpu5["not_holding"]
+    assert entry["pid"] == pids["smi_cross"] and "gpu1-too.py" in entry["cmdline"]
+    assert "no device file of GPU 5 (char 195:7)" in entry["detail"] and "nvidia1 (char 195:1)" in entry["detail"]
+    assert gpu5["released"] is False and gpu5["failed"] is True  # "smi_cross" is still listed
+    gpu4 = run["tasks"]["GPU 4 through nvidia-smi, which says N/A"]
+    assert gpu4["signals"] == [] and gpu4["ended"] == [] and gpu4["changed"] is False
+    assert [(e["pid"], e["reason"]) for e in gpu4["spared"]] == [(pids["unproven"], "device_unknown")]
+    assert "GPU 4's device file is not known: nvidia-smi reports its minor number as N/A" in gpu4["spared"][0]["detail"]
+    assert run["alive"]["smi_cross"] is True and run["alive"]["unproven"] is True and run["alive"]["smi_owner"] is False

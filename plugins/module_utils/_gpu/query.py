@@ -7,7 +7,9 @@ in the calling process: a forked child (:class:`NvmlSession`) loads ``pynvml`` (
 ``nvidia-ml-py``), initialises it once, and answers one query per request over a pipe; the caller
 waits for each answer with its own deadline and, when it passes, kills the child and reports a
 hung query. Where the Python bindings are not installed, :class:`NvidiaSmiSession` reads the same
-facts from ``nvidia-smi --query-gpu``/``--query-compute-apps`` CSV, each run under a deadline too.
+facts from ``nvidia-smi --query-gpu``/``--query-compute-apps`` CSV, each run under a deadline too;
+the GPUs' minor numbers, which no ``--query-gpu`` field gives, come from one ``nvidia-smi -q -x``
+run, only for the caller that asks (:func:`add_minor_numbers`).
 
 Failures are classified by NVML error code (``nvidia-smi`` exits with the same codes), so the
 caller can say "driver not loaded" rather than print a traceback; :data:`NO_GPU_KINDS` are the
@@ -16,18 +18,23 @@ ones that mean "this host has no usable NVIDIA GPU at all".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import select
 import shutil
 import signal
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
+from xml.etree import ElementTree
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_seconds
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline, poll_until
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 
 MIB = 1024 * 1024
 
@@ -151,7 +158,7 @@ def _text(value: Any) -> str:
 # Minor numbers of the NVIDIA driver's GPU devices, /dev/nvidia0 to /dev/nvidia247 (the driver's
 # NV_MINOR_DEVICE_NUMBER_REGULAR_MAX); 254 is /dev/nvidia-modeset and 255 /dev/nvidiactl, which no GPU has.
 MAX_GPU_MINOR = 247
-NVIDIA_SMI_MINOR_UNKNOWN = "the nvidia-smi backend does not report device minor numbers (the pynvml backend does)"
+NVIDIA_SMI_MINOR_UNKNOWN = "the nvidia-smi backend reads minor numbers only when asked (nvidia-smi -q -x)"
 
 
 def _nvml_minor_number(pynvml: Any, handle: Any) -> tuple[int | None, str]:
@@ -396,6 +403,12 @@ def _device_from_dict(data: dict[str, Any]) -> GpuDevice:
 # The name goes last: it is the only free text, so a comma in it cannot shift the other columns.
 QUERY_GPU = ["--query-gpu=index,uuid,memory.total,memory.used,name", "--format=csv,noheader,nounits"]
 QUERY_APPS = ["--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"]
+# The full report as XML: the only place nvidia-smi gives a GPU's minor number (<minor_number>, the N
+# of /dev/nvidiaN; no --query-gpu field has it). Tens of KiB per GPU; more than MAX_OUTPUT_BYTES from
+# any of these runs is not nvidia-smi's answer, and reading stops there.
+QUERY_XML = ["-q", "-x"]
+MAX_OUTPUT_BYTES = 8 * MIB
+_MINOR_TEXT = re.compile(r"[0-9]{1,3}")
 
 
 def _csv_rows(text: str, columns: int) -> list[list[str]]:
@@ -443,6 +456,53 @@ def parse_nvidia_smi(gpus_csv: str, apps_csv: str) -> list[GpuDevice]:
     return devices
 
 
+def parse_nvidia_smi_minor_numbers(xml_text: str) -> dict[str, tuple[int | None, str]]:
+    """By GPU UUID, (minor number, "") or (None, why it is not known), from ``nvidia-smi -q -x``.
+
+    Raises GpuQueryError for what is not that report: too large, not well-formed, another root, or
+    any entity declaration (the report has none; refusing them keeps expansion bombs out of the
+    parser; ElementTree fetches no external DTD). A GPU listed twice, or a minor number given to
+    two GPUs, proves nothing: those GPUs' numbers are not known.
+    """
+    if len(xml_text) > MAX_OUTPUT_BYTES:
+        raise GpuQueryError(NVML_ERROR, f"nvidia-smi -q -x output is larger than {MAX_OUTPUT_BYTES} bytes")
+    if "<!ENTITY" in xml_text:
+        raise GpuQueryError(NVML_ERROR, "nvidia-smi -q -x output declares XML entities, which its report never does")
+    try:
+        root = ElementTree.fromstring(xml_text.encode("utf-8"))
+    except ElementTree.ParseError as exc:
+        raise GpuQueryError(NVML_ERROR, f"nvidia-smi -q -x output is not well-formed XML: {exc}") from exc
+    if root.tag != "nvidia_smi_log":
+        raise GpuQueryError(NVML_ERROR, f"nvidia-smi -q -x output is not an nvidia_smi_log: <{escape_controls(root.tag[:40])}>")
+    found: dict[str, tuple[int | None, str]] = {}
+    twice: set[str] = set()
+    for gpu in root.findall("gpu"):
+        uuid = (gpu.findtext("uuid") or "").strip()
+        if not uuid:
+            continue
+        if uuid in found:
+            twice.add(uuid)
+        found[uuid] = _minor_number_of(gpu.find("minor_number"))
+    for uuid in twice:
+        found[uuid] = (None, "nvidia-smi -q -x lists this GPU twice")
+    holders = Counter(minor for minor, _why in found.values() if minor is not None)
+    for uuid, (minor, _why) in list(found.items()):
+        if minor is not None and holders[minor] > 1:
+            found[uuid] = (None, f"nvidia-smi -q -x gives minor number {minor} to more than one GPU")
+    return found
+
+
+def _minor_number_of(element: ElementTree.Element | None) -> tuple[int | None, str]:
+    if element is None:
+        return None, "nvidia-smi -q -x gives no minor_number for this GPU"
+    text = (element.text or "").strip()
+    if text == "N/A":
+        return None, "nvidia-smi reports its minor number as N/A"
+    if _MINOR_TEXT.fullmatch(text) and int(text) <= MAX_GPU_MINOR:
+        return int(text), ""
+    return None, f"nvidia-smi -q -x gives minor_number {escape_controls(text[:40])!r}, not a GPU's minor number (0 to {MAX_GPU_MINOR})"
+
+
 def classify_nvidia_smi_failure(returncode: int, output: str) -> GpuQueryError:
     """nvidia-smi exits with the NVML code; its wording tells the rest."""
     text = " ".join(output.split())
@@ -463,7 +523,8 @@ def classify_nvidia_smi_failure(returncode: int, output: str) -> GpuQueryError:
 
 
 class NvidiaSmiSession:
-    """The nvidia-smi fallback: two CSV queries per poll, each under the query deadline."""
+    """The nvidia-smi fallback: two CSV queries per poll, each under the query deadline; the minor
+    numbers (one ``-q -x`` run) only through :meth:`with_minor_numbers`."""
 
     backend = "nvidia-smi"
 
@@ -479,21 +540,45 @@ class NvidiaSmiSession:
         devices = parse_nvidia_smi(gpus, apps)
         return devices if indices is None else [d for d in devices if d.index in indices]
 
+    def with_minor_numbers(self, devices: list[GpuDevice]) -> list[GpuDevice]:
+        """`devices` with the minor numbers of one ``nvidia-smi -q -x`` run, matched by UUID. Where
+        that run fails, or gives no number for a GPU, its number stays unknown and says why."""
+        try:
+            xml_text = self._run(QUERY_XML, Deadline(self.query_timeout, self.clock), merge_stderr=False)
+            minors = parse_nvidia_smi_minor_numbers(xml_text)
+        except GpuQueryError as exc:
+            return [dataclasses.replace(d, minor_number=None, minor_unknown=f"nvidia-smi -q -x failed: {exc}") for d in devices]
+        numbered = []
+        for device in devices:
+            minor, why = minors.get(device.uuid, (None, "nvidia-smi -q -x does not list this GPU"))
+            numbered.append(dataclasses.replace(device, minor_number=minor, minor_unknown=why))
+        return numbered
+
     def close(self) -> None:
         pass
 
-    def _run(self, arguments: list[str], deadline: Deadline) -> str:
+    def _run(self, arguments: list[str], deadline: Deadline, merge_stderr: bool = True) -> str:
+        """nvidia-smi's output (with its stderr, unless a warning there would spoil what is parsed)."""
         try:
             proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [self.executable, *arguments],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge_stderr else subprocess.DEVNULL,
             )
         except FileNotFoundError as exc:
             raise GpuQueryError(NOT_INSTALLED, f"{self.executable}: not found") from exc
         except OSError as exc:
             raise GpuQueryError(NVML_ERROR, f"{self.executable}: {exc.strerror}") from exc
         try:
-            output = proc.communicate(timeout=deadline.remaining())[0]
+            output = _read_bounded(proc, deadline)
+        except _OutputTooLarge as exc:
+            proc.kill()
+            proc.stdout.close()  # type: ignore[union-attr]
+            try:
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass  # stuck in the kernel: the error says enough, and no more of its output is read
+            raise GpuQueryError(NVML_ERROR, f"nvidia-smi {arguments[0]} wrote more than {MAX_OUTPUT_BYTES} bytes") from exc
         except subprocess.TimeoutExpired as exc:
             proc.kill()
             try:
@@ -504,10 +589,49 @@ class NvidiaSmiSession:
             raise GpuQueryError(
                 HUNG, f"nvidia-smi {arguments[0]} took longer than query_timeout={self.query_timeout:g}s{where}"
             ) from exc
+        proc.stdout.close()  # type: ignore[union-attr]
         text = output.decode("utf-8", "replace")
         if proc.returncode != 0:
             raise classify_nvidia_smi_failure(proc.returncode, text)
         return text
+
+
+class _OutputTooLarge(Exception):
+    pass
+
+
+def _read_bounded(proc: "subprocess.Popen[bytes]", deadline: Deadline) -> bytes:
+    """All of `proc`'s stdout and its exit, by `deadline`; never more than MAX_OUTPUT_BYTES held.
+
+    Raises subprocess.TimeoutExpired at the deadline, _OutputTooLarge past the bound."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        remaining = deadline.remaining()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise subprocess.TimeoutExpired(proc.args, deadline.elapsed())
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_OUTPUT_BYTES:
+            raise _OutputTooLarge()
+        chunks.append(chunk)
+    proc.wait(timeout=max(deadline.remaining(), 0.001))
+    return b"".join(chunks)
+
+
+def add_minor_numbers(source: GpuSource, devices: list[GpuDevice]) -> list[GpuDevice]:
+    """`devices`, each with the minor number of its device file where the source can tell it.
+
+    NVML gives them with every query. The nvidia-smi backend reads them only here, with one
+    ``nvidia-smi -q -x`` run, so that a poll (gpu_mem_wait's, a release wait) costs no more.
+    """
+    if isinstance(source, NvidiaSmiSession) and any(d.minor_number is None for d in devices):
+        return source.with_minor_numbers(devices)
+    return devices
 
 
 # The words of the modules' `backend` option (their argument specs take their choices from here).

@@ -15,12 +15,12 @@ the selection is "the holders the driver lists on these GPUs", less what must be
   not a proof. It goes stale (DataLoader workers keep the CUDA files after the listed main process
   has died) and its pids get reused, so a listed pid whose process does not hold that file is
   reported ``not_holding`` and never signalled. "That file" is the character device with the NVIDIA
-  major (195) and the GPU's minor number from NVML (``/dev/nvidiaN``), told by the kernel's numbers
-  of the file the fd leads to, not by a name: ``/dev/nvidiactl`` and ``/dev/nvidia-uvm`` are held by
-  every GPU user and another GPU's ``/dev/nvidiaM`` proves nothing about this one. Where a GPU's
-  minor number is not known (the NVML call fails or is not supported, or the nvidia-smi backend,
-  which does not report it), nothing proves a holder of that GPU: its holders are spared
-  (``device_unknown``), never judged by "any NVIDIA file".
+  major (195) and the GPU's minor number (``/dev/nvidiaN``; from NVML, or from one ``nvidia-smi -q -x``
+  run with the nvidia-smi backend), told by the kernel's numbers of the file the fd leads to, not by
+  a name: ``/dev/nvidiactl`` and ``/dev/nvidia-uvm`` are held by every GPU user and another GPU's
+  ``/dev/nvidiaM`` proves nothing about this one. Where a GPU's minor number is not known (the NVML
+  call fails or is not supported, nvidia-smi says N/A or fails), nothing proves a holder of that
+  GPU: its holders are spared (``device_unknown``), never judged by "any NVIDIA file".
   ``gpu_device_glob`` narrows the paths looked at. A ``Zl`` leader holds through its live threads' files.
 
 Identity. The driver lists bare pids, with no start time. The process table is read *before* the
@@ -90,6 +90,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import 
     GpuDevice,
     GpuQueryError,
     GpuSource,
+    add_minor_numbers,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
     ReleaseCondition,
@@ -390,6 +391,7 @@ def plan_reclaim(
     before = [device for device in inventory if device.index in indices]
     visible = options.driver_pids == "own_namespace" or sees_host_pids(proc_root)
     table, devices = _look(source, indices, proc_root, visible)
+    devices = add_minor_numbers(source, devices)
     plan = ReclaimPlan(indices, before, visible)
     holders: dict[int, Holder] = {}
     for device in devices:

@@ -1,13 +1,18 @@
 """A fake `nvidia-smi` for tests: real CSV formats, answers from the simulated NVML state.
 
 Understands the invocations gpu_mem_wait makes (``--query-gpu=...`` and ``--query-compute-apps=...``
-with ``--format=csv[,noheader][,nounits]``). Failures print the real tool's wording and exit with the
-NVML error code, as the real tool does. The simulated bindings are loaded from ../simnvml by path,
+with ``--format=csv[,noheader][,nounits]``) and gpu_reclaim's ``-q -x``: the XML report, with the
+elements of the real one that the collection reads or that a parser must step over (``<gpu>``'s
+``<uuid>`` and ``<minor_number>``, N/A where NVML cannot give it as the real tool prints; memory and
+processes, whose free-text names are escaped as the real tool does). Failures print the real tool's
+wording and exit with the NVML error code, as the real tool does. The simulated bindings are loaded from ../simnvml by path,
 so the Python that runs the module under test does not see a `pynvml` module.
 """
 
 import os
 import sys
+import time
+from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "simnvml"))
 import pynvml  # noqa: E402  pylint: disable=wrong-import-position
@@ -46,10 +51,43 @@ def gpu_field(name, index, handle):
     return values[name] // MIB
 
 
+def xml_report(handles):
+    """`nvidia-smi -q -x`: the real report's layout (nvsmi_device_v12.dtd), the parts simulated."""
+    lines = ['<?xml version="1.0" ?>', '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">', "<nvidia_smi_log>",
+             f"\t<timestamp>{time.strftime('%a %b %d %H:%M:%S %Y')}</timestamp>",
+             f"\t<driver_version>{pynvml.nvmlSystemGetDriverVersion()}</driver_version>",
+             f"\t<attached_gpus>{len(handles)}</attached_gpus>"]
+    for index, handle in enumerate(handles):
+        try:
+            minor = str(pynvml.nvmlDeviceGetMinorNumber(handle))
+        except pynvml.NVMLError:
+            minor = "N/A"  # what the real tool prints for a value NVML does not give
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        lines += [f'\t<gpu id="00000000:{0x18 + index:02X}:00.0">',
+                  f"\t\t<product_name>{escape(pynvml.nvmlDeviceGetName(handle))}</product_name>",
+                  f"\t\t<uuid>{escape(pynvml.nvmlDeviceGetUUID(handle))}</uuid>",
+                  f"\t\t<minor_number>{minor}</minor_number>",
+                  "\t\t<fb_memory_usage>",
+                  f"\t\t\t<total>{memory.total // MIB} MiB</total>",
+                  f"\t\t\t<used>{memory.used // MIB} MiB</used>",
+                  f"\t\t\t<free>{memory.free // MIB} MiB</free>",
+                  "\t\t</fb_memory_usage>",
+                  "\t\t<processes>"]
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            used = "N/A" if proc.usedGpuMemory is None else f"{proc.usedGpuMemory // MIB} MiB"
+            lines += ["\t\t\t<process_info>", f"\t\t\t\t<pid>{proc.pid}</pid>", "\t\t\t\t<type>C</type>",
+                      "\t\t\t\t<process_name>python3 &lt;train.py&gt;</process_name>",
+                      f"\t\t\t\t<used_memory>{used}</used_memory>", "\t\t\t</process_info>"]
+        lines += ["\t\t</processes>", "\t</gpu>"]
+    lines += ["", "</nvidia_smi_log>"]
+    return lines
+
+
 def main(argv):
     options = dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
     formats = options.get("format", "").split(",")
-    if "csv" not in formats:
+    report = ("-q" in argv or "--query" in argv) and ("-x" in argv or "--xml-format" in argv)
+    if not report and "csv" not in formats:
         print("fake nvidia-smi: only --format=csv is simulated", file=sys.stderr)
         return 2
     units = "nounits" not in formats
@@ -61,7 +99,9 @@ def main(argv):
             return 6
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         lines = []
-        if "query-gpu" in options:
+        if report:
+            lines = xml_report(handles)
+        elif "query-gpu" in options:
             fields = options["query-gpu"].split(",")
             for bad in [f for f in fields if f not in ("index", "uuid", "name", "memory.total", "memory.used",
                                                        "memory.free", "memory.reserved")]:

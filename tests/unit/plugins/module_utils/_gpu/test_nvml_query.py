@@ -6,6 +6,7 @@ venv, which on this GPU-less machine fail exactly as on any host without a drive
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -17,13 +18,16 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import query 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     MIB,
     GpuQueryError,
+    MAX_OUTPUT_BYTES,
     NvidiaSmiSession,
     NvmlSession,
+    add_minor_numbers,
     classify_nvidia_smi_failure,
     open_gpu_source,
     parse_nvidia_smi,
+    parse_nvidia_smi_minor_numbers,
 )
-from tests.harness.gpu_holder import SIMNVML_DIR, sim_gpu
+from tests.harness.gpu_holder import SIMNVML_DIR, STATE_ENV, sim_gpu
 from tests.harness.pidns import process_starttime
 
 GPUS_CSV = """0, GPU-5c3b1b8e-1d2f-4a7b-9e0c-2b1d1f3a4c5d, 81559, 40963, NVIDIA H100 80GB HBM3
@@ -128,9 +132,9 @@ def test_each_gpu_carries_the_minor_number_of_its_device_file_or_why_there_is_no
     assert gpu0.minor_number is None and gpu0.used_mib == 4  # the rest of the query stands
     assert gpu0.minor_unknown == "nvmlDeviceGetMinorNumber failed: Not Supported (NVMLError_NotSupported)"
     assert gpu2.minor_number is None and gpu2.minor_unknown.startswith("nvmlDeviceGetMinorNumber gave 255, not a GPU's")
-    # nvidia-smi's CSV has no minor numbers: every GPU says so.
+    # nvidia-smi's CSV has no minor numbers (they come from -q -x, when asked): every GPU says so.
     assert {(d.minor_number, d.minor_unknown) for d in parse_nvidia_smi(GPUS_CSV, APPS_CSV)} == {
-        (None, "the nvidia-smi backend does not report device minor numbers (the pynvml backend does)")}
+        (None, "the nvidia-smi backend reads minor numbers only when asked (nvidia-smi -q -x)")}
 
 
 def test_hung_query_is_killed_at_its_deadline(simulated_bindings):
@@ -259,3 +263,134 @@ def test_query_timeout_is_bounded_before_anything_starts(tmp_path, query_timeout
             make()
         assert str(caught.value) == words
     assert not (tmp_path / "ran").exists()
+
+
+# --- minor numbers from nvidia-smi -q -x ---------------------------------------------------------
+
+# The real report's layout (nvidia-smi -q -x, nvsmi_device_v12.dtd), cut to a few of its elements;
+# the GPUs' <uuid> and <minor_number> are what is read.
+XML_REPORT = """<?xml version="1.0" ?>
+<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">
+<nvidia_smi_log>
+\t<driver_version>550.54.15</driver_version>
+\t<attached_gpus>{count}</attached_gpus>
+{gpus}
+</nvidia_smi_log>
+"""
+GPU_XML = """\t<gpu id="00000000:{bus:02X}:00.0">
+\t\t<product_name>NVIDIA H100 80GB HBM3</product_name>
+\t\t<uuid>{uuid}</uuid>
+{minor}\t\t<fb_memory_usage><total>81559 MiB</total></fb_memory_usage>
+\t\t<processes><process_info><pid>51234</pid><process_name>python3 &lt;x&gt;</process_name></process_info></processes>
+\t</gpu>"""
+
+
+def xml_report(*minors):
+    """A report of one GPU per entry of `minors`: the text of its <minor_number>, or None for no element."""
+    gpus = [GPU_XML.format(bus=0x18 + i, uuid=f"GPU-{i}",
+                           minor="" if m is None else f"\t\t<minor_number>{m}</minor_number>\n")
+            for i, m in enumerate(minors)]
+    return XML_REPORT.format(count=len(gpus), gpus="\n".join(gpus))
+
+
+def test_minor_numbers_from_the_xml_report_by_uuid():
+    found = parse_nvidia_smi_minor_numbers(xml_report("0", "5", " 247 "))
+    assert found == {"GPU-0": (0, ""), "GPU-1": (5, ""), "GPU-2": (247, "")}
+
+
+@pytest.mark.parametrize("text, why", [
+    ("N/A", "nvidia-smi reports its minor number as N/A"),
+    (None, "nvidia-smi -q -x gives no minor_number for this GPU"),
+    ("", "gives minor_number '', not a GPU's minor number (0 to 247)"),
+    ("255", "gives minor_number '255', not a GPU's minor number"),   # /dev/nvidiactl's
+    ("248", "gives minor_number '248'"),
+    ("-1", "gives minor_number '-1'"),
+    ("0x1", "gives minor_number '0x1'"),
+    ("1e2", "gives minor_number '1e2'"),
+    ("\u0663", "gives minor_number '\u0663'"),   # a digit to int(), not to the report
+    ("12345678901234567890", "gives minor_number '1234567890"),
+    ("1&#10;2", "gives minor_number '1\\\\x0a2'"),  # a control character comes back escaped
+])
+def test_a_missing_or_junk_minor_number_is_unknown_and_says_why(text, why):
+    found = parse_nvidia_smi_minor_numbers(xml_report("3", text))
+    assert found["GPU-0"] == (3, "")
+    minor, said = found["GPU-1"]
+    assert minor is None and why in said, said
+
+
+def test_a_minor_number_given_twice_or_a_gpu_listed_twice_proves_nothing():
+    found = parse_nvidia_smi_minor_numbers(xml_report("1", "1", "2"))
+    assert found["GPU-0"][0] is None and "gives minor number 1 to more than one GPU" in found["GPU-0"][1]
+    assert found["GPU-1"][0] is None and found["GPU-2"] == (2, "")
+    twice = xml_report("1", "2").replace("GPU-1", "GPU-0")
+    assert parse_nvidia_smi_minor_numbers(twice) == {"GPU-0": (None, "nvidia-smi -q -x lists this GPU twice")}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("not xml at all", "not well-formed XML"),
+    (xml_report("0")[:-30], "not well-formed XML"),
+    ("<html><gpu><uuid>GPU-0</uuid><minor_number>0</minor_number></gpu></html>", "not an nvidia_smi_log: <html>"),
+    ('<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaa"><!ENTITY b "&a;&a;&a;&a;">]><nvidia_smi_log>&b;</nvidia_smi_log>',
+     "declares XML entities"),
+    ('<!DOCTYPE l [<!ENTITY e SYSTEM "file:///etc/passwd">]><nvidia_smi_log>&e;</nvidia_smi_log>', "declares XML entities"),
+    (xml_report("0") + " " * MAX_OUTPUT_BYTES, f"larger than {MAX_OUTPUT_BYTES} bytes"),
+])
+def test_what_is_not_the_report_is_refused(text, words):
+    with pytest.raises(GpuQueryError, match=words) as caught:
+        parse_nvidia_smi_minor_numbers(text)
+    assert caught.value.kind == "nvml_error"
+
+
+def smi_wrapper(tmp_path, body):
+    """An nvidia-smi that logs its arguments, then runs `body` (sh)."""
+    log = tmp_path / "calls.log"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$*" >> {log}\n{body}\n', encoding="ascii")
+    smi.chmod(0o755)
+    return smi, log
+
+
+def test_the_nvidia_smi_backend_reads_minor_numbers_once_when_asked_and_never_per_poll(tmp_path):
+    # The fake nvidia-smi answers from the simulated driver: GPU 1 is /dev/nvidia5, GPU 2's number
+    # NVML cannot give (the real tool prints N/A then).
+    with sim_gpu(devices=3) as gpu:
+        gpu.devices[1]["minor_number"] = 5
+        gpu.fault("nvmlDeviceGetMinorNumber", "NOT_SUPPORTED", device=2)
+        fake = Path(gpu.fake_nvidia_smi_path()) / "nvidia-smi"
+        smi, log = smi_wrapper(tmp_path, f'{STATE_ENV}={gpu.state_path} exec {fake} "$@"')
+        session = NvidiaSmiSession(str(smi), query_timeout=30)
+        polled = session.query()
+        polled = session.query()
+        assert [d.minor_number for d in polled] == [None, None, None]
+        assert log.read_text().count("-q -x") == 0  # a poll costs the two CSV runs, as before
+        gpu0, gpu1, gpu2 = add_minor_numbers(session, polled)
+    assert log.read_text().count("-q -x") == 1
+    assert (gpu0.minor_number, gpu1.minor_number) == (0, 5) and gpu1.minor_unknown == ""
+    assert gpu2.minor_number is None and gpu2.minor_unknown == "nvidia-smi reports its minor number as N/A"
+    assert gpu1.used_mib == polled[1].used_mib and gpu1.uuid == polled[1].uuid  # the rest as polled
+
+
+@pytest.mark.parametrize("body, words", [
+    ("case \"$*\" in *-q*) head -c 9000000 /dev/zero;; esac", f"wrote more than {MAX_OUTPUT_BYTES} bytes"),
+    ("case \"$*\" in *-q*) echo 'No devices were found'; exit 6;; esac", "nvidia-smi exited 6: No devices were found"),
+    ("case \"$*\" in *-q*) echo '<nvidia_smi_log><gpu>';; esac", "not well-formed XML"),
+    ("case \"$*\" in *-q*) exec sleep 60;; esac", "took longer than query_timeout=0.5s"),
+])
+def test_when_the_report_fails_every_minor_number_is_unknown_and_says_why(tmp_path, body, words):
+    smi, _log = smi_wrapper(tmp_path, body)
+    devices = parse_nvidia_smi(GPUS_CSV, APPS_CSV)
+    numbered = add_minor_numbers(NvidiaSmiSession(str(smi), query_timeout=0.5), devices)
+    assert [d.minor_number for d in numbered] == [None, None]
+    assert all(d.minor_unknown.startswith("nvidia-smi -q -x failed: ") and words in d.minor_unknown for d in numbered), \
+        numbered[0].minor_unknown
+
+
+def test_a_poll_whose_output_passes_the_bound_fails_without_holding_it(tmp_path):
+    smi, _log = smi_wrapper(tmp_path, "head -c 9000000 /dev/zero")
+    with pytest.raises(GpuQueryError, match=f"nvidia-smi --query-gpu=.* wrote more than {MAX_OUTPUT_BYTES} bytes"):
+        NvidiaSmiSession(str(smi), query_timeout=10).query()
+
+
+def test_the_nvml_backend_gives_minor_numbers_with_every_query_and_is_not_asked_again():
+    devices = [dataclasses.replace(d, minor_number=i) for i, d in enumerate(parse_nvidia_smi(GPUS_CSV, APPS_CSV))]
+    assert add_minor_numbers(object(), devices) is devices
