@@ -14,6 +14,11 @@ Before that, :class:`SignalGate` refuses what must never be signalled whatever a
 says: PID 1 of the namespace, the process running the module and its ancestors, kernel threads,
 processes matching a protected pattern and, where the caller asks, the members of the module's
 own process group. No module signals a process group: a group is signalled member by member.
+A signal that asks something of a process (SIGTERM, SIGINT, SIGUSR1, SIGCHLD...) is followed by
+SIGCONT to the same pinned process, as systemd does: a stopped process (state T: SIGSTOP, a job
+control stop) runs no handler until it is continued, so without it a frozen job would sit out the
+whole timeout and be SIGKILLed without saving its checkpoint. SIGKILL needs none (it ends a stopped
+process), and the stop signals themselves are never followed by one.
 A caller may also give the gate a *proof* (:data:`Proof`), something the process must show now
 (gpu_reclaim: that it holds a GPU device file); it is read once the process is pinned, and the
 start time is checked again after it, so what was read belongs to the process the signal reaches.
@@ -80,6 +85,11 @@ UNPROVEN = "unproven"
 # pinned and its start time checked, True to let the signal go.
 Proof = Callable[[Process], bool]
 
+# Signals after which no SIGCONT is sent: SIGKILL ends a stopped process by itself, SIGCONT is one,
+# and a stop signal followed by SIGCONT would undo itself.
+NEEDS_NO_CONTINUE = frozenset({signal.SIGKILL, signal.SIGCONT, signal.SIGSTOP, signal.SIGTSTP,
+                               signal.SIGTTIN, signal.SIGTTOU})
+
 
 class ProcessControl:
     """Looks at and signals processes of the PID namespace this code runs in, by identity."""
@@ -121,6 +131,7 @@ class ProcessControl:
         """Signal exactly `target`: SENT, or GONE / RECYCLED / DENIED / REFUSED / UNPROVEN and nothing sent.
 
         With a `proof`, the signal goes only where it holds for the process as it is after pinning.
+        A signal not in NEEDS_NO_CONTINUE is followed by SIGCONT to the same process (see the module doc).
         """
         if target.pid <= NAMESPACE_INIT_PID:
             return REFUSED
@@ -131,7 +142,11 @@ class ProcessControl:
                 if not _pidfd_unsupported(exc):
                     raise
                 self.use_pidfd = False
-        return self._deliver_to_same(target, lambda: self._kill(target.pid, sig), proof)
+        # Without a pidfd the SIGCONT goes by pid too: the signal may have ended the process and its pid
+        # been reused since, so the start time is read again right before it, as before the signal.
+        resume = None if sig in NEEDS_NO_CONTINUE else (
+            lambda: self._kill(target.pid, signal.SIGCONT) if target.matches(self.look(target.pid)) else None)
+        return self._deliver_to_same(target, lambda: self._kill(target.pid, sig), proof, resume)
 
     def _send_by_pidfd(self, target: Identity, sig: signal.Signals, proof: Proof | None = None) -> str:
         try:
@@ -141,12 +156,15 @@ class ProcessControl:
         try:
             # The handle pins one process; checking the start time after opening it proves it is
             # the one the plan saw (a reused pid shows another start time and is left alone).
-            return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig), proof)
+            resume = None if sig in NEEDS_NO_CONTINUE else (lambda: self._signal_handle(handle, signal.SIGCONT))
+            return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig), proof, resume)
         finally:
             self._close(handle)
 
-    def _deliver_to_same(self, target: Identity, deliver: Callable[[], None], proof: Proof | None = None) -> str:
-        """`deliver()` the signal if `target.pid` still has the start time the plan saw (and `proof` holds)."""
+    def _deliver_to_same(self, target: Identity, deliver: Callable[[], None], proof: Proof | None = None,
+                         resume: Callable[[], None] | None = None) -> str:
+        """`deliver()` the signal if `target.pid` still has the start time the plan saw (and `proof` holds),
+        then `resume()` it (SIGCONT) unless the signal needs none."""
         now = self.look(target.pid)
         unlike = _unlike(target, now)
         if unlike is None and proof is not None:
@@ -162,6 +180,11 @@ class ProcessControl:
             return GONE
         except PermissionError:
             return DENIED
+        if resume is not None:
+            try:
+                resume()
+            except (ProcessLookupError, PermissionError):
+                pass  # it ended on the signal itself: nothing to continue
         return SENT
 
     # The kernel primitives, one method each so that a simulated kernel can stand in for them.

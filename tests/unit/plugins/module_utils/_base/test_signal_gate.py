@@ -1,13 +1,21 @@
 """The signal gate's proof (what a target must show once pinned), on fixture /proc trees.
 
-Delivery is recorded, never real: a ProcessControl whose kernel primitives write to a list.
+Delivery is recorded, never real: a ProcessControl whose kernel primitives write to a list; except
+for the SIGCONT that follows SIGTERM, shown on a real stopped process of this test's own.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Callable
 
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import Protection
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
@@ -66,7 +74,10 @@ def test_the_proof_is_read_after_the_pin_and_a_failed_proof_sends_nothing(tmp_pa
     assert control.send(target, signal.SIGTERM, recording_proof(control, False)) == UNPROVEN
     assert control.events == ["pin 200", "proof 200 500"]
     assert control.send(target, signal.SIGTERM, recording_proof(control, True)) == SENT
-    assert control.events[2:] == ["pin 200", "proof 200 500", "signal 200 SIGTERM"]
+    # SIGTERM is followed by SIGCONT through the same pinned handle (a stopped process runs its handler).
+    assert control.events[2:] == ["pin 200", "proof 200 500", "signal 200 SIGTERM", "signal 200 SIGCONT"]
+    assert control.send(target, signal.SIGKILL) == SENT
+    assert control.events[6:] == ["pin 200", "signal 200 SIGKILL"]  # SIGKILL needs none
 
 
 def test_a_pid_recycled_while_the_proof_reads_is_not_signalled(tmp_path):
@@ -87,7 +98,7 @@ def test_without_pidfds_the_proof_still_applies(tmp_path):
     control = RecordingControl(str(tmp_path), use_pidfd=False)
     assert control.send(target, signal.SIGTERM, recording_proof(control, False)) == UNPROVEN
     assert control.send(target, signal.SIGTERM, recording_proof(control, True)) == SENT
-    assert control.events == ["proof 200 500", "proof 200 500", "kill 200 SIGTERM"]
+    assert control.events == ["proof 200 500", "proof 200 500", "kill 200 SIGTERM", "kill 200 SIGCONT"]
 
 
 def test_the_gate_hands_its_proof_to_every_send_and_protection_comes_first(tmp_path):
@@ -101,3 +112,31 @@ def test_the_gate_hands_its_proof_to_every_send_and_protection_comes_first(tmp_p
     assert control.events == ["pin 200", "proof 200 500"]
     # Without a proof the gate is what it always was.
     assert SignalGate(Protection(table, (), own_pid=300), control).send(target, signal.SIGTERM) == SENT
+
+
+# --- issue 24, item 7: a stopped process is continued after the signal that asks it to end --------
+
+STOPPED_WITH_HANDLER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], "w").write("saved"), sys.exit(0)))
+print(os.getpid(), flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("use_pidfd", [True, False])
+def test_sigterm_to_a_stopped_process_is_followed_by_sigcont_through_the_gate(tmp_path, use_pidfd) -> None:
+    saved = tmp_path / "saved"
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_WITH_HANDLER, str(saved)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert int(proc.stdout.readline()) == proc.pid
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert Deadline(10).poll(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T")
+        table = ProcessTable.scan("/proc")
+        gate = SignalGate(Protection(table, ()), ProcessControl("/proc", use_pidfd=use_pidfd))
+        assert gate.send(Identity.of(table.processes[proc.pid]), signal.SIGTERM) == SENT
+        assert proc.wait(timeout=10) == 0 and saved.read_text() == "saved"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

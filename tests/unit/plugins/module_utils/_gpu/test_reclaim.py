@@ -401,7 +401,8 @@ def test_the_gate_checks_the_device_file_on_the_pinned_process_before_every_sign
     control = RecordingControl(str(proc.root), on_pin=drop_files)
     clock = FakeClock()
     result = reclaim(source, options, proc_root=str(proc.root), control=control, clock=clock, sleep=clock.sleep, plan=plan)
-    assert control.delivered == [(201, signal.SIGTERM), (201, signal.SIGKILL)]  # the fixture never exits
+    # SIGTERM is followed by SIGCONT (the gate continues a stopped holder so that its handler runs).
+    assert control.delivered == [(201, signal.SIGTERM), (201, signal.SIGCONT), (201, signal.SIGKILL)]  # the fixture never exits
     report = result.as_dict()
     assert [(s["pid"], s["signal"], s["result"]) for s in report["signals"]] == [
         (200, "SIGTERM", "not_holding"), (201, "SIGTERM", "sent"), (201, "SIGKILL", "sent")]
@@ -446,7 +447,7 @@ def test_a_holder_of_another_gpus_device_file_is_not_proven_a_holder_of_this_gpu
     control = RecordingControl(str(proc.root))
     clock = FakeClock()
     result = reclaim(source, options, proc_root=str(proc.root), control=control, clock=clock, sleep=clock.sleep, plan=plan)
-    assert control.delivered == [(200, signal.SIGTERM), (200, signal.SIGKILL)]  # the fixture never exits
+    assert control.delivered == [(200, signal.SIGTERM), (200, signal.SIGCONT), (200, signal.SIGKILL)]  # the fixture never exits
     finding = next(f for f in result.as_dict()["findings"] if f["kind"] == "not_holding" and f["pids"] == [201])
     assert "no device file of GPU [0]" in finding["why"]
 
