@@ -108,7 +108,9 @@ summary:
       C(relaunch_guard), C(found) (the clean-up's first escalation, or "not looked"), C(reasons), C(ended) (pids),
       C(gpu_released_mib), C(gpu_released) (the drain's last look: released or not; null without a drain), C(gpus) (each
       GPU's C(index), C(uuid), C(name), C(total_mib) and C(used_mib) at that look; empty without a drain),
-      C(container_reset), C(job) (operation, pid, log_path, ready_line), C(seconds) (per phase that ran (stop, cleanup,
+      C(container_reset), C(mark_conflicts) (each process whose GPUOPS_* marks named another job while its ancestry
+      proved it this job's, ended as this job's: C(pid), C(marked_job_dir), C(seen_by) V(stop) or V(cleanup)), C(job)
+      (operation, pid, log_path, ready_line), C(seconds) (per phase that ran (stop, cleanup,
       drain, container_reset, launch), the modules' own elapsed time, and C(rank).
     - Also RV(msg), the fact C(relaunch_summary) and set_stats C(relaunch_summary).
   returned: always

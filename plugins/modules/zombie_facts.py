@@ -121,9 +121,12 @@ ansible_facts:
               module's findings), here V(running) (job processes still running), V(zombie) (zombies
               waiting for their parent), V(zombie_leader), V(unreaped_orphan) (zombies PID 1 did not reap
               within O(orphan_grace)), V(uninterruptible) (threads in C(D); escalation V(host_action) in the
-              GPU driver), V(holds_device), V(nothing) or V(other_job) (processes the selection named that
-              belong to another job, left alone; escalation V(none)); C(escalation) what clears it; C(pids)
-              the processes concerned.
+              GPU driver), V(holds_device), V(nothing), V(other_job) (processes the selection named that
+              belong to another job, left alone; escalation V(none)) or V(mark_conflict) (a process whose
+              C(GPUOPS_RELAUNCH_*) marks name another job than its ancestry proves - a descendant of a job's
+              proven supervisor or run is that job's whatever its environment says, so a worker of O(job_name)'s
+              job that copied another job's marks is selected and ended; escalation V(signals)); C(escalation)
+              what clears it; C(pids) the processes concerned.
           type: list
           elements: dict
           sample: [{kind: running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]
@@ -171,8 +174,10 @@ ansible_facts:
           description:
             - Processes the selection named (or reached as descendants) that are proven to belong to another
               train_launch job, left out of the job. C(proof) is V(run_mark) (the process carries that job's
-              run mark, which its run record confirms) or V(supervisor) (it is or descends from that job's
-              supervisor).
+              run mark, which its run record confirms), V(supervisor) (it is or descends from that job's
+              supervisor) or V(run) (it descends from that job's recorded main process). The nearest proven
+              supervisor or run among the process and its ancestors decides whose it is; a mark alone never
+              outranks it.
           type: list
           elements: dict
           sample: [{pid: 5120, starttime: 88100, comm: python3, job_dir: /var/lib/gpuops/eval, run_id: 3f2a9c, proof: run_mark}]

@@ -233,7 +233,9 @@ other_jobs:
   description:
     - Processes the selection named (or reached as descendants) that are proven to belong to another
       train_launch job; never signalled. C(proof) is V(run_mark) (the process carries that job's run
-      mark, which its run record confirms) or V(supervisor) (it is or descends from that job's supervisor).
+      mark, which its run record confirms), V(supervisor) (it is or descends from that job's supervisor) or
+      V(run) (it descends from that job's recorded main process). Ancestry outranks marks; a descendant of
+      the proven supervisor of O(job_name)'s job is that job's, whatever marks it carries.
   returned: always
   type: list
   elements: dict
@@ -347,9 +349,10 @@ findings:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
     - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
       findings), here V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
-      V(unreaped_orphan), V(zombie), V(holds_device) or V(other_job) (processes of another job the
-      selection named, left alone; escalation V(none)); C(escalation) what clears it; C(pids) the
-      processes concerned.
+      V(unreaped_orphan), V(zombie), V(holds_device), V(other_job) (processes of another job the
+      selection named, left alone; escalation V(none)) or V(mark_conflict) (a process whose marks name
+      another job than its proven ancestry; it is the ancestry's job's; escalation V(signals)); C(escalation)
+      what clears it; C(pids) the processes concerned.
     - When RV(left) asks for more than the ladder does, its findings follow (with the words of
       RV(gpuops.relaunch.zombie_facts#module:ansible_facts.zombie_facts.findings), so V(running), V(zombie_leader) and V(nothing) too).
   returned: always

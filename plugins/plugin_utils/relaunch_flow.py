@@ -310,6 +310,9 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         "gpu_released": _released(drain_again or drain),
         "gpus": _gpus(drain_again or drain),
         "container_reset": bool(reset.get("changed", False)),
+        # Processes whose marks named another job while their ancestry proved them this job's: the stop
+        # ended them as this job's (ancestry outranks marks), the clean-up's look named the conflict.
+        "mark_conflicts": _mark_conflicts(stop, launch, found, cleanup),
         "job": {"operation": job.get("operation"), "pid": job.get("pid"), "log_path": job.get("log_path"),
                 "ready_line": job.get("ready_line")},
         "seconds": _phase_seconds(stop, (cleanup,), (drain,),
@@ -322,6 +325,27 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     # What the fleet summary calls it (relaunched, unchanged, refused, failed, would_relaunch).
     summary["status"] = fleet_status(summary)
     return summary
+
+
+def _mark_conflicts(stop: Mapping[str, Any], launch: Mapping[str, Any], found: Mapping[str, Any],
+                    cleanup: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each pid whose marks contradicted its ancestry, once: from the stops' C(stop.mark_conflicts)
+    (with the job the marks named), then the clean-up's findings of kind mark_conflict."""
+    conflicts: dict[Any, dict[str, Any]] = {}
+    for result in (stop, launch):
+        entries = (result.get("stop") or {}).get("mark_conflicts") if isinstance(result.get("stop"), Mapping) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, Mapping) and entry.get("pid") not in conflicts:
+                conflicts[entry.get("pid")] = {"pid": entry.get("pid"), "marked_job_dir": entry.get("marked_job_dir"),
+                                               "seen_by": "stop"}
+    for source in (found, cleanup):
+        findings = source.get("findings")
+        for finding in findings if isinstance(findings, list) else []:
+            if not isinstance(finding, Mapping) or finding.get("kind") != "mark_conflict":
+                continue
+            for pid in finding.get("pids") or []:
+                conflicts.setdefault(pid, {"pid": pid, "marked_job_dir": None, "seen_by": "cleanup"})
+    return list(conflicts.values())
 
 
 def _released(drain: Mapping[str, Any]) -> bool | None:

@@ -312,3 +312,75 @@ def test_two_checkouts_demo_patterns_and_directories_are_their_own(tmp_path):
         own_dir = one_dir if mine is one else two_dir
         assert re.search(mine["match"], f"python3 {own_dir}/files/demo_train.py --workers 2")
         assert not re.search(mine["match"], f"python3 {theirs}/files/demo_train.py --workers 2")
+
+
+# --- issue 24, item 4: a leftover cannot shield itself from its own job's clean-up ----------------
+
+# Job a's worker copies job b's marks from b's running leader (both jobs run as one user, so it can
+# read b's environ), re-execs itself with them, and writes its pid.
+COPYING_SCRIPT = """\
+import os, subprocess, sys, time
+if sys.argv[1:2] == ["--copy"]:
+    if "GPUOPS_COPIED" not in os.environ:
+        wanted = "GPUOPS_RELAUNCH_RUN=" + sys.argv[2] + ":"
+        while True:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    environ = open("/proc/%s/environ" % pid, "rb").read().decode().split("\\0")
+                except OSError:
+                    continue
+                if any(entry.startswith(wanted) for entry in environ):
+                    env = dict(os.environ, GPUOPS_COPIED="1")
+                    env.update(entry.split("=", 1) for entry in environ if entry.startswith("GPUOPS_RELAUNCH_"))
+                    env.setdefault("GPUOPS_RELAUNCH_SUPERVISOR", sys.argv[2])
+                    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+            time.sleep(0.1)
+    with open(sys.argv[3], "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(3600)
+if sys.argv[1:2] == ["--a"]:
+    subprocess.Popen([sys.executable, __file__, "--copy", sys.argv[2], sys.argv[3]])
+print("step 1 ready", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def test_a_worker_of_one_job_with_another_jobs_marks_is_its_own_jobs_and_a_conflict(tmp_path):
+    script = tmp_path / "copying" / "train.py"
+    script.parent.mkdir()
+    script.write_text(COPYING_SCRIPT, encoding="utf-8")
+    (tmp_path / "work").mkdir()
+    worker_file = tmp_path / "work" / "copied.pid"
+    with in_pid_namespace(tmp_path / "work") as target:
+        job_b = str(Path(target.state_dir) / "b")
+        started = target.play([
+            target.launch_task("b", "launch b", command=[PYTHON, str(script)], log_path=target.log("b.log"), min_uptime=0.3),
+            target.launch_task("a", "launch a", command=[PYTHON, str(script), "--a", job_b, str(worker_file)],
+                               log_path=target.log("a.log"), min_uptime=0.3)])
+        assert all(r.get("failed") is not True for t in started.tasks.values() for r in t), started.stdout[-3000:]
+        runs = {name: target.read_state(name, "run.json") for name in ("a", "b")}
+        worker = int(wait_until(lambda: worker_file.exists() and worker_file.read_text(), what="a's worker with b's marks"))
+        assert f"GPUOPS_RELAUNCH_SUPERVISOR={job_b}".encode() in Path(f"/proc/{target.host_pid(worker)}/environ").read_bytes()
+
+        run = target.play([
+            {"name": "Facts for a", "gpuops.relaunch.zombie_facts": {
+                "match": [re.escape(str(script))], "job_name": "a", "job_state_dir": target.state_dir, "orphan_grace": 0}},
+            {"name": "Stop a", "gpuops.relaunch.train_launch": {
+                "name": "a", "state": "stopped", "state_dir": target.state_dir, "log_path": target.log("a.log"),
+                "term_timeout": 5}},
+        ])
+        assert run.rc == 0, run.stdout[-4000:] + run.stderr[-4000:]
+        facts = run.result("Facts for a")["ansible_facts"]["zombie_facts"]
+        assert worker in {entry["pid"] for entry in facts["job_processes"]}, facts["other_jobs"]
+        assert worker not in {entry["pid"] for entry in facts["other_jobs"]}
+        (conflict,) = [finding for finding in facts["findings"] if finding["kind"] == "mark_conflict"]
+        assert conflict["pids"] == [worker] and conflict["escalation"] == "signals" and job_b in conflict["why"]
+        assert facts["escalation"] != "none"
+        stopped = run.result("Stop a")
+        assert worker in stopped["stop"]["signalled"], stopped["stop"]
+        assert [(e["pid"], e["marked_job_dir"]) for e in stopped["stop"]["mark_conflicts"]] == [(worker, job_b)]
+        after = target.processes()
+        assert worker not in after or after[worker].zombie
+        # Job b, whose marks the worker carried, runs on.
+        assert runs["b"]["pid"] in after and not after[runs["b"]["pid"]].zombie

@@ -161,3 +161,43 @@ def test_a_job_killed_behind_its_supervisors_back_is_missing_with_evidence(ns: T
     assert again["incident"] == stopped["incident"]
     history = json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]
     assert [entry["health"] for entry in history] == ["missing"]
+
+
+# A trainer whose worker re-execs itself with GPUOPS_* marks that name another job, one that does not
+# exist (an environment variable is anyone's to set): what a process says about itself shields nothing.
+REMARKING_TRAINER = """
+import os, subprocess, sys, time
+if len(sys.argv) > 1 and sys.argv[1] == "worker":
+    if os.environ.get("GPUOPS_RELAUNCH_SUPERVISOR") != "/var/lib/gpuops/ghost":
+        env = dict(os.environ, GPUOPS_RELAUNCH_RUN="/var/lib/gpuops/ghost:0a1b", GPUOPS_RELAUNCH_SUPERVISOR="/var/lib/gpuops/ghost")
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    with open(sys.argv[2], "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(3600)
+subprocess.Popen([sys.executable, __file__, "worker", sys.argv[1]])
+step = 0
+while True:
+    step += 1
+    print("step %d loss 0.1" % step, flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_worker_that_rewrites_its_marks_to_name_a_ghost_job_is_stopped_with_the_job(ns: Target, tmp_path: Path) -> None:
+    script = ns.work / "remarking.py"
+    script.write_text(REMARKING_TRAINER, encoding="utf-8")
+    worker_file = tmp_path / "worker.pid"
+    first = ask(ns, "started", command=[PYTHON, str(script), str(worker_file)])
+    assert first["running"] is True, first
+    worker = int(wait_until(lambda: worker_file.exists() and worker_file.read_text(), what="the re-marked worker"))
+    assert b"GPUOPS_RELAUNCH_SUPERVISOR=/var/lib/gpuops/ghost" in environ_inside(ns, worker)
+
+    stopped = ask(ns, "stopped", term_timeout=10)
+    assert stopped["changed"] is True and "failed" not in stopped, stopped
+    assert {first["pid"], worker} <= set(stopped["stop"]["signalled"]), stopped["stop"]
+    assert [(entry["pid"], entry["marked_job_dir"]) for entry in stopped["stop"]["mark_conflicts"]] == [
+        (worker, "/var/lib/gpuops/ghost")]
+    assert ns.processes().get(worker) is None or ns.processes()[worker].zombie
+    # The next start is not blocked by what the stop could not end.
+    again = ask(ns, "started", command=[PYTHON, str(script), str(worker_file)])
+    assert again["running"] is True and again["changed"] is True, again

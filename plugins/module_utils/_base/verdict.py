@@ -61,6 +61,7 @@ class FindingKind(Enum):
     NOT_SIGNALLED = "not_signalled"          # still running; no step of the plan reached it
     HOLDS_DEVICE = "holds_device"            # holds a GPU device file open
     OTHER_JOB = "other_job"                  # another train_launch job's, left alone
+    MARK_CONFLICT = "mark_conflict"          # its marks name another job than its proven ancestry: the ancestry's
     RELEASED = "released"                    # the GPUs are released
     INVISIBLE = "invisible"                  # a GPU holder whose pid this namespace cannot see
     UNLISTED_MEMORY = "unlisted_memory"      # GPU memory used with no process listed

@@ -35,6 +35,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import StopOutcome, look
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import format_pids
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 # How long a stopped run may take to get its exit record.
@@ -180,15 +181,21 @@ class Executor:
             "escalated": outcome.escalated or bool(record and record.get("exit_signal") == "SIGKILL"),
             "unreapable_zombies": outcome.unreapable_zombies,
             "ignored": outcome.ignored,
+            "mark_conflicts": outcome.mark_conflicts,
         }
         if not outcome.gone:
             self.done["stop"]["remaining"] = outcome.remaining
             protected = [entry for entry in outcome.remaining if "protected" in entry]
+            waited = [entry for entry in outcome.remaining if "waited_for_by_supervisor" in entry]
             why = (f"; {len(protected)} of them may never be signalled (see stop.remaining[].protected)"
                    if protected else "")
+            if waited:
+                why += (f"; the supervisor waits for pids {format_pids(entry['pid'] for entry in waited)}, which are "
+                        "not this job's (see stop.remaining[].waited_for_by_supervisor)")
+            pids = format_pids(entry["pid"] for entry in outcome.remaining) or "none found (the process table changed)"
             raise ExecutionFailed(
                 f"the job's processes did not end after SIGTERM, {self.options.term_timeout:g}s and "
-                f"SIGKILL: still there: {outcome.remaining}{why}")
+                f"SIGKILL: still there: pids {pids}: {outcome.remaining}{why}")
         return outcome
 
     # --- start -----------------------------------------------------------------------------

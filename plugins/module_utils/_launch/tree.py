@@ -11,6 +11,9 @@ what to signal: a process belongs to the run only if
 * it descends from the run's supervisor, itself proven by its own mark
   (``GPUOPS_RELAUNCH_SUPERVISOR=JOB_DIR``) and its start time: as the child subreaper it adopts
   whatever the job orphans, so a process of the job that cleared its environment is still found;
+  descent stops only at another job that is proven (its records believed, its recorded supervisor or
+  run alive and carrying its mark: ``_reap/other_jobs.py``); a mark naming another job shields
+  nothing by itself (an environment is anyone's to rewrite) and is reported as a conflict;
 * with the systemd backend, it runs in the job's unit's control group (``system.slice/gpuops-NAME.service``
   below systemd's own root, the unit named after the job, never after the record) and did not start
   before the run: systemd puts there what the unit starts, whatever its environment.
@@ -21,7 +24,8 @@ and ``state=started`` judge liveness exactly as the stop path judges membership.
 A recorded pid that fails the proof (a recycled pid, a record restored or edited) is reported and
 ignored. The record's process group id is never used: a group is signalled member by member,
 each through the collection's one signal gate (protection, then the pinned identity). SIGTERM
-first, then, after term_timeout, SIGKILL; each step polls the process table until the tree is gone.
+first (the gate follows it with SIGCONT, so a frozen member runs its handler), then, after
+term_timeout, SIGKILL; each step polls the process table until the tree is gone.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable, compile_patterns, read_small
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import DEFAULT_PROTECTED, Protection
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     REFUSED,
     SENT,
@@ -121,6 +126,17 @@ class JobIdentity:
     @property
     def supervisor(self) -> Identity | None:
         return recorded_identity(self.supervisor_pid, self.supervisor_starttime)
+
+
+def same_directory(first: str, second: str) -> bool:
+    """Whether two spellings name one directory: by (device, inode) where both exist, else by spelling."""
+    if first == second:
+        return True
+    try:
+        one, other = os.stat(first), os.stat(second)
+    except (OSError, ValueError):
+        return False
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
 
 
 def recorded_identity(pid: object, starttime: object) -> Identity | None:
@@ -249,6 +265,8 @@ class TreeView:
     supervisor_alive: bool
     supervisor_idle: bool = False
     ignored: list[dict[str, Any]] = field(default_factory=list)
+    # Members by descent whose marks name another job (never proven): what they say is reported, not believed.
+    mark_conflicts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def live(self) -> list[int]:
@@ -280,6 +298,12 @@ class TreeView:
                            or not self.table.children.get(self.identity.supervisor_pid or 0))
         return not self.live and not waiting_zombies and supervisor_done
 
+    def waited_for(self) -> list[int]:
+        """Children of the live supervisor that are not members (another proven job's): it waits for them."""
+        if not self.supervisor_alive or self.supervisor_idle:
+            return []
+        return sorted(set(self.table.children.get(self.identity.supervisor_pid or 0, ())) - self.members)
+
     def describe(self, pids: list[int], gate: SignalGate | None = None) -> list[dict]:
         described = []
         for pid in pids:
@@ -295,30 +319,43 @@ class TreeView:
         return stop_gate(self.table, control)
 
 
-def _descent(table: ProcessTable, identity: JobIdentity) -> set[int]:
-    """The proven supervisor's descendants, less every subtree that another job's mark claims.
+def _other_jobs(table: ProcessTable, job_dir: str) -> Any:
+    """The proof of other jobs (``_reap/other_jobs.py``, which builds on this module: imported here)."""
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs  # pylint: disable=import-outside-toplevel
+    return OtherJobs(table, job_dir)
 
-    A process carrying another job's run or supervisor mark (a second train_launch job started from
-    inside this one) belongs to that job, and so does what it started, even though this supervisor
-    is their ancestor: descent proves membership only where no other job's mark says otherwise.
+
+def _descent(table: ProcessTable, identity: JobIdentity) -> tuple[set[int], list[dict[str, Any]]]:
+    """The proven supervisor's descendants, less every subtree of another proven job; and the
+    members whose marks name another job all the same (conflicts).
+
+    A second train_launch job started from inside this one has its own supervisor (or run) below
+    this supervisor: where that job is proven - its records believed, the recorded supervisor or
+    run alive and carrying its mark - it and what it started are that job's. A mark alone proves
+    nothing: a process that rewrites its environment to name another job (or this job's directory
+    spelled otherwise) is still this job's, and the conflict is reported.
     """
+    others = _other_jobs(table, identity.job_dir)
     found: set[int] = set()
+    conflicts: list[dict[str, Any]] = []
     pending = list(table.children.get(identity.supervisor_pid or 0, ()))
     while pending:
         pid = pending.pop()
-        if pid in found or _marked_by_another_job(table, table.processes[pid], identity.job_dir):
+        if pid in found:
+            continue
+        head = others.head(pid)
+        if head is not None and not same_directory(head.job_dir, identity.job_dir):
             continue
         found.add(pid)
+        marked = others.marked_otherwise(pid, identity.job_dir)
+        if marked is not None:
+            process = table.processes[pid]
+            conflicts.append({"pid": pid, "comm": escape_controls(process.comm),
+                              "marked_job_dir": escape_controls(marked),
+                              "reason": "its marks name another job, but it descends from this job's proven supervisor: "
+                                        "this job's"})
         pending.extend(table.children.get(pid, ()))
-    return found
-
-
-def _marked_by_another_job(table: ProcessTable, process: Process, job_dir: str) -> bool:
-    run = _carries(table, process, RUN_MARK)
-    if run is not None and run.rpartition(":")[0] != job_dir:
-        return True
-    supervisor = _carries(table, process, SUPERVISOR_MARK)
-    return supervisor is not None and supervisor != job_dir
+    return found, sorted(conflicts, key=lambda entry: entry["pid"])
 
 
 def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
@@ -371,11 +408,13 @@ def prove(table: ProcessTable, identity: JobIdentity,
     """
     members = _marked_members(table, identity)
     supervisor_alive = proven_supervisor(table, identity.supervisor, identity.job_dir)
+    conflicts: list[dict[str, Any]] = []
     if supervisor_alive:
-        members.update(_descent(table, identity))
+        descendants, conflicts = _descent(table, identity)
+        members.update(descendants)
     idle = supervisor_alive and supervisor_idle()
     return TreeView(table, identity, members, supervisor_alive, idle,
-                    _ignored(table, identity, members, supervisor_alive))
+                    _ignored(table, identity, members, supervisor_alive), conflicts)
 
 
 @dataclass
@@ -388,6 +427,11 @@ class StopOutcome:
     remaining: list[dict] = field(default_factory=list)
     unreapable_zombies: list[dict] = field(default_factory=list)
     ignored: list[dict] = field(default_factory=list)
+    mark_conflicts: list[dict] = field(default_factory=list)
+
+    def note_conflicts(self, view: TreeView) -> None:
+        known = {entry["pid"] for entry in self.mark_conflicts}
+        self.mark_conflicts.extend(entry for entry in view.mark_conflicts if entry["pid"] not in known)
 
 
 def _send(view: TreeView, gate: SignalGate, signum: signal.Signals, sent: set[tuple[int, int]],
@@ -418,6 +462,7 @@ def stop_tree(identity: JobIdentity, term_timeout: float, proc_root: str = "/pro
     outcome = StopOutcome()
     view = look(identity, proc_root, supervisor_idle)
     outcome.ignored = view.ignored
+    outcome.note_conflicts(view)
     for signum, seconds in ((signal.SIGTERM, term_timeout), (signal.SIGKILL, kill_wait)):
         if view.gone():
             return _finish(view, outcome)
@@ -432,12 +477,19 @@ def stop_tree(identity: JobIdentity, term_timeout: float, proc_root: str = "/pro
                 break
             deadline.pause(POLL_INTERVAL)
             view = look(identity, proc_root, supervisor_idle)
+            outcome.note_conflicts(view)
             if view.gone():
                 return _finish(view, outcome)
     outcome.gone = view.gone()
     if not outcome.gone:
         left = view.live + sorted(set(view.zombies) - set(view.unreapable_zombies()))
         outcome.remaining = view.describe(left, view.gate())
+        # The supervisor exits only when its last child has: one of another proven job keeps it.
+        for entry in view.describe(view.waited_for()):
+            head = _other_jobs(view.table, identity.job_dir).head(entry["pid"])
+            entry["waited_for_by_supervisor"] = (f"not this job's: {head.why()}" if head is not None
+                                                 else "a child of the supervisor that is not this job's")
+            outcome.remaining.append(entry)
     return _finish(view, outcome)
 
 

@@ -15,6 +15,13 @@ and is left out of the job and reported, when it is proven a member of it (the r
   (``GPUOPS_RELAUNCH_SUPERVISOR=JOB_DIR``). As the job's child subreaper it adopts whatever the job
   orphans, so a process that cleared its environment (``env -i``, ``su -``) is still found.
 
+Ancestry outranks marks. The nearest proven supervisor or run among a process and its ancestors
+says whose it is: a process below the proven supervisor of the selection's own job (``job_name``) is
+that job's whatever its marks say (a worker of one job can copy another's environment: both run as
+one user), and one below another job's proven supervisor is that job's. A mark that contradicts the
+ancestry is a conflict, reported as a finding (kind ``mark_conflict``), never a shield. Job
+directories are compared by (device, inode), not by spelling: ``//var/lib/gpuops/a`` is ``a``.
+
 An environment variable is anyone's to set, so a mark alone proves nothing: the records must
 agree, and records are believed only from a job directory that nobody but root or the user running
 this module can have written (a directory of this user, writable by no one else, on a path without a
@@ -36,6 +43,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.private_dir 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import NAMESPACE_INIT_PID
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, ProcessControl, format_pids
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN
@@ -45,10 +53,12 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
     RecordError,
     proven_supervisor,
     recorded_identity,
+    same_directory,
 )
 
 RUN_MARK_PROOF = "run_mark"
 SUPERVISOR_PROOF = "supervisor"
+RUN_PROOF = "run"
 
 
 def own_job_dir(params: Mapping[str, Any], checks: OptionChecks) -> str | None:
@@ -81,6 +91,8 @@ class OtherJob:
         run = f" (run {self.run_id})" if self.run_id else ""
         if self.proof == RUN_MARK_PROOF:
             how = "it carries that run's mark"
+        elif self.proof == RUN_PROOF:
+            how = f"it is or descends from that run's main process, pid {self.supervisor_pid}"
         else:
             how = f"it is or descends from that job's supervisor, pid {self.supervisor_pid}"
         return f"belongs to the job {self.job_dir}{run}: {how}"
@@ -111,8 +123,10 @@ class OtherJobs:
         self.own_job_dir = own_job_dir
         self.control = control or ProcessControl(table.proc_root)
         self._claims: dict[int, OtherJob | None] = {}
-        self._supervisors: dict[int, OtherJob | None] = {}
+        self._heads: dict[int, OtherJob | None] = {}
         self._records: dict[str, _Records | None] = {}
+        # Processes whose marks name another job than their ancestry proves: pid -> (marked, proven) job dirs.
+        self.conflicts: dict[int, tuple[str, str]] = {}
 
     # --- asked by the selection ----------------------------------------------------------------
 
@@ -141,7 +155,8 @@ class OtherJobs:
         ]
 
     def add_findings(self, verdict: Verdict) -> None:
-        """One finding (kind ``other_job``, escalation none) per job whose processes were left alone."""
+        """One finding (kind ``other_job``, escalation none) per job whose processes were left alone, and
+        one (kind ``mark_conflict``, escalation signals) per process whose marks contradict its ancestry."""
         by_job: dict[str, list[int]] = {}
         for pid, claim in self.claimed.items():
             by_job.setdefault(claim.job_dir, []).append(pid)
@@ -149,6 +164,37 @@ class OtherJobs:
             verdict.add(FindingKind.OTHER_JOB, Escalation.NONE,
                         f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
                         f"(name that job with job_name to select its processes)", pids)
+        for pid, (marked, proven) in sorted(self.conflicts.items()):
+            whose = "this job" if proven == self.own_job_dir else f"the job {proven}"
+            verdict.add(FindingKind.MARK_CONFLICT, Escalation.SIGNALS,
+                        f"pid {pid} carries the marks of the job {escape_controls(marked)}, but descends from the proven "
+                        f"supervisor or run of {proven}: it is {whose}'s (ancestry outranks what a process says about itself)",
+                        [pid])
+
+    # --- asked by the stop path ----------------------------------------------------------------
+
+    def head(self, pid: int) -> OtherJob | None:
+        """The job whose proven supervisor or run `pid` is itself (its records believed, the recorded
+        (pid, start time) alive and carrying that job's mark), own job included; None otherwise."""
+        if pid not in self._heads:
+            self._heads[pid] = self._prove_head(pid)
+        return self._heads[pid]
+
+    def is_own(self, job_dir: str) -> bool:
+        return self.own_job_dir is not None and same_directory(job_dir, self.own_job_dir)
+
+    def marked_otherwise(self, pid: int, job_dir: str) -> str | None:
+        """The job directory `pid`'s marks name, where that is not `job_dir` (None if none does)."""
+        process = self.table.processes.get(pid)
+        if process is None:
+            return None
+        identity = Identity.of(process)
+        run = self.control.environ_value(identity, RUN_MARK)
+        for marked in (run.rpartition(":")[0] if run is not None else None,
+                       self.control.environ_value(identity, SUPERVISOR_MARK)):
+            if marked is not None and not same_directory(marked, job_dir):
+                return marked
+        return None
 
     # --- the proof ------------------------------------------------------------------------------
 
@@ -156,44 +202,64 @@ class OtherJobs:
         process = self.table.processes.get(pid)
         if process is None or process.is_kernel_thread:
             return None
+        # Ancestry first: the nearest proven supervisor or run among the process and its ancestors
+        # decides the job; that job's supervisor further up, where there is one, is the proof named.
+        heads = [head for head in (self.head(candidate) for candidate in self._lineage(pid)) if head is not None]
+        head = heads[0] if heads else None
+        if head is not None:
+            head = next((later for later in heads if later.job_dir == head.job_dir and later.proof == SUPERVISOR_PROOF), head)
+            marked = self.marked_otherwise(pid, head.job_dir)
+            if marked is not None:
+                self.conflicts[pid] = (marked, self.own_job_dir if self.is_own(head.job_dir) else head.job_dir)
+            if self.is_own(head.job_dir):
+                return None  # the selection's own job, whatever its marks say
+            mark = self.control.environ_value(Identity.of(process), RUN_MARK)
+            run = (self._believed(head.job_dir) or _Records(None, None)).run
+            if mark is not None and run is not None and run.marks(process, mark):
+                return OtherJob(head.job_dir, run.run_id, RUN_MARK_PROOF)
+            return head
+        # No proven supervisor or run above it: its mark, where the job's records confirm it.
         mark = self.control.environ_value(Identity.of(process), RUN_MARK)
         if mark is not None:
             job_dir, _sep, run_id = mark.rpartition(":")
-            if job_dir == self.own_job_dir:
+            if self.is_own(job_dir):
                 return None  # the selection's own job
             records = self._believed(job_dir)
             run = records.run if records is not None else None
             if run is not None and run.marks(process, mark):
                 return OtherJob(job_dir, run_id, RUN_MARK_PROOF)
-        # A process that cleared its environment: its descent from another job's supervisor.
+        return None
+
+    def _lineage(self, pid: int) -> list[int]:
+        """`pid` and its ancestors below the namespace's PID 1."""
+        lineage = []
         for candidate in (pid, *self.table.ancestors(pid)):
             if candidate <= NAMESPACE_INIT_PID:
                 break
-            supervisor = self._supervisor(candidate)
-            if supervisor is not None:
-                return supervisor
-        return None
+            lineage.append(candidate)
+        return lineage
 
-    def _supervisor(self, pid: int) -> OtherJob | None:
-        """The job whose proven, live supervisor `pid` is, if it is another job's."""
-        if pid not in self._supervisors:
-            self._supervisors[pid] = self._prove_supervisor(pid)
-        return self._supervisors[pid]
-
-    def _prove_supervisor(self, pid: int) -> OtherJob | None:
+    def _prove_head(self, pid: int) -> OtherJob | None:
         process = self.table.processes.get(pid)
         if process is None or process.is_zombie or process.is_kernel_thread:
             return None
-        job_dir = self.control.environ_value(Identity.of(process), SUPERVISOR_MARK)
-        if job_dir is None or job_dir == self.own_job_dir:
-            return None
-        records = self._believed(job_dir)
-        if records is None:
-            return None
+        identity = Identity.of(process)
+        job_dir = self.control.environ_value(identity, SUPERVISOR_MARK)
+        records = self._believed(job_dir) if job_dir is not None else None
         # The stop path's own proof: the recorded (pid, start time), alive, carrying the job's mark.
-        if not any(recorded.pid == pid and proven_supervisor(self.table, recorded, job_dir) for recorded in records.supervisors):
+        if records is not None and any(recorded.pid == pid and proven_supervisor(self.table, recorded, job_dir)
+                                       for recorded in records.supervisors):
+            return OtherJob(job_dir, records.run.run_id if records.run is not None else None, SUPERVISOR_PROOF, pid)
+        mark = self.control.environ_value(identity, RUN_MARK)
+        if mark is None:
             return None
-        return OtherJob(job_dir, records.run.run_id if records.run is not None else None, SUPERVISOR_PROOF, pid)
+        job_dir = mark.rpartition(":")[0]
+        records = self._believed(job_dir)
+        run = records.run if records is not None else None
+        leader = run.leader if run is not None else None
+        if leader is not None and leader.matches(process) and run.marks(process, mark):
+            return OtherJob(job_dir, run.run_id, RUN_PROOF, pid)
+        return None
 
     def _believed(self, job_dir: str) -> _Records | None:
         if job_dir not in self._records:
@@ -205,7 +271,8 @@ def trustworthy_job_dir(job_dir: str) -> bool:
     """Whether records in `job_dir` can be believed: a directory of the user running this module,
     writable by no one else, on a path walked from ``/`` without a symlink, whose every directory
     is root's or this user's and lets no one else rename in it (private_dir's rule)."""
-    if not job_dir or not os.path.isabs(job_dir) or os.path.normpath(job_dir) != job_dir:
+    # normpath keeps a leading "//" (POSIX lets it mean something else): one spelling only.
+    if not job_dir or not os.path.isabs(job_dir) or os.path.normpath(job_dir) != job_dir or job_dir.startswith("//"):
         return False
     try:
         check_private_dir("job_state_dir", job_dir, NO_WRITE_FOR_OTHERS, create=False)

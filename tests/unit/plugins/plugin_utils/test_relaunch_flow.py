@@ -146,6 +146,23 @@ def test_the_host_summary_has_native_types_and_every_key():
     json.dumps(summary)  # nothing that is not JSON
 
 
+def test_the_summary_names_processes_whose_marks_contradicted_their_ancestry():
+    """A worker of this job carrying another job's marks (issue 24, item 4b) was ended as this job's:
+    the summary names it, once, whether the stop or the clean-up's look saw it."""
+    assert host_summary("h1", False, full_results(), None, None)["mark_conflicts"] == []
+    results = full_results()
+    results["stop"]["stop"] = {"signalled": [40, 41], "mark_conflicts": [
+        {"pid": 41, "comm": "python3", "marked_job_dir": "/var/lib/gpuops/b", "reason": "..."}]}
+    results["cleanup"]["found"]["findings"] = [
+        {"kind": "mark_conflict", "escalation": "signals", "pids": [41], "why": "..."},
+        {"kind": "mark_conflict", "escalation": "signals", "pids": [43], "why": "..."},
+        {"kind": "zombie", "escalation": "signals", "pids": [7], "why": "zombie 7"}]
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["mark_conflicts"] == [{"pid": 41, "marked_job_dir": "/var/lib/gpuops/b", "seen_by": "stop"},
+                                         {"pid": 43, "marked_job_dir": None, "seen_by": "cleanup"}]
+    json.dumps(summary)
+
+
 def test_the_summary_keeps_the_last_drains_gpus():
     results = full_results()
     gpu = {"index": 0, "uuid": "GPU-a", "name": "H100", "total_mib": 81559.0, "reserved_mib": 527.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -198,26 +199,123 @@ time.sleep(300)
 """
 
 
-def test_another_jobs_mark_below_the_supervisor_claims_that_subtree() -> None:
-    other = "/var/lib/gpuops-test/nested"
+def nested_records(tmp_path: Path, nested_supervisor: int, nested_run: int) -> str:
+    """A job directory only this user may write (believed), whose run record names the nested job."""
+    directory = tmp_path / "nested"
+    directory.mkdir(mode=0o700)
+    (directory / "run.json").write_text(json.dumps({
+        "run_id": "run-9", "pid": nested_run, "starttime": process_starttime(nested_run),
+        "supervisor_pid": nested_supervisor, "supervisor_starttime": process_starttime(nested_supervisor)}))
+    return str(directory)
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_only_a_proven_other_job_below_the_supervisor_keeps_its_subtree(tmp_path, recorded) -> None:
+    """Descent stops at another job only where that job is proven: its records believed and its
+    recorded supervisor or run alive and matching. Marks that name a job nobody can prove (no record)
+    shield nothing: the processes are this job's, and the conflict is reported."""
+    other = str(tmp_path / "nested")
     source = (NESTING_SUPERVISOR.replace("OTHER_SUPERVISOR", repr({SUPERVISOR_MARK: other}))
               .replace("OTHER_RUN", repr({RUN_MARK: run_mark(other, "run-9")})))
     supervisor = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True,
                                   env=dict(os.environ, **{SUPERVISOR_MARK: JOB_DIR}), process_group=0)
     own, nested_supervisor, nested_run, nested_worker = (int(pid) for pid in supervisor.stdout.readline().split())
     try:
+        if recorded:
+            nested_records(tmp_path, nested_supervisor, nested_run)
         job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, supervisor_pid=supervisor.pid,
                           supervisor_starttime=process_starttime(supervisor.pid))
         view = look(job)
         assert view.supervisor_alive
-        # The nested job's supervisor, its run and the worker that run started (no mark of its own)
-        # are that job's: descent from this supervisor does not make them this job's.
-        assert view.members == {own}
-        assert not leader_alive(dataclasses.replace(job, pid=nested_worker, starttime=process_starttime(nested_worker)))
+        if recorded:
+            # The nested job's supervisor, its run and the worker that run started (no mark of its own)
+            # are that job's: descent from this supervisor does not make them this job's.
+            assert view.members == {own} and view.mark_conflicts == []
+            assert not leader_alive(dataclasses.replace(job, pid=nested_worker, starttime=process_starttime(nested_worker)))
+        else:
+            assert view.members == {own, nested_supervisor, nested_run, nested_worker}
+            assert {entry["pid"] for entry in view.mark_conflicts} == {nested_supervisor, nested_run}
+            assert all(entry["marked_job_dir"] == other for entry in view.mark_conflicts)
     finally:
         for pid in (own, nested_supervisor, nested_worker, nested_run, supervisor.pid):
             os.kill(pid, signal.SIGKILL)
         supervisor.wait()
+
+
+# A job's child that re-execs itself with marks naming another job, which does not exist.
+REMARKING_CHILD = """
+import os, sys, time
+if sys.argv[1] == "first":
+    env = dict(os.environ, GPUOPS_RELAUNCH_RUN="/var/lib/gpuops-test/ghost:run-0",
+               GPUOPS_RELAUNCH_SUPERVISOR="/var/lib/gpuops-test/ghost")
+    os.execve(sys.executable, [sys.executable, "-c", open(sys.argv[2]).read(), "again"], env)
+print(os.getpid(), flush=True)
+time.sleep(300)
+"""
+# Its supervisor, as the real one: it reaps its children.
+REMARKING_SUPERVISOR = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, sys.argv[1], "first", sys.argv[1]], env=dict(MARKED))
+child.wait()
+time.sleep(300)
+"""
+
+
+def test_a_child_that_rewrites_its_marks_to_name_a_ghost_job_is_stopped(tmp_path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(REMARKING_CHILD)
+    source = REMARKING_SUPERVISOR.replace("MARKED", repr(dict(os.environ, **{RUN_MARK: run_mark(JOB_DIR, RUN_ID)})))
+    supervisor = subprocess.Popen([sys.executable, "-c", source, str(script)], stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **{SUPERVISOR_MARK: JOB_DIR}), process_group=0)
+    child = int(supervisor.stdout.readline())
+    try:
+        assert b"GPUOPS_RELAUNCH_RUN=/var/lib/gpuops-test/ghost:run-0" in Path(f"/proc/{child}/environ").read_bytes()
+        job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, supervisor_pid=supervisor.pid,
+                          supervisor_starttime=process_starttime(supervisor.pid))
+        outcome = stop_tree(job, term_timeout=5, kill_wait=5)
+        assert outcome.gone and outcome.signalled == [child] and not outcome.escalated
+        assert [entry["pid"] for entry in outcome.mark_conflicts] == [child]
+        assert outcome.mark_conflicts[0]["marked_job_dir"] == "/var/lib/gpuops-test/ghost"
+        assert not alive(child)
+    finally:
+        for pid in (child, supervisor.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        supervisor.wait()
+
+
+# A job that saves a checkpoint when asked to stop (SIGTERM), frozen (SIGSTOP) when the stop comes.
+CHECKPOINTING = """
+import os, signal, sys, time
+def save(signum, frame):
+    with open(sys.argv[1], "w") as checkpoint:
+        checkpoint.write("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+print(os.getpid(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_frozen_job_is_continued_after_sigterm_and_saves_its_checkpoint(tmp_path) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    proc = subprocess.Popen([sys.executable, "-c", CHECKPOINTING, str(checkpoint)], stdout=subprocess.PIPE, text=True,
+                            env=marked_env(), process_group=0)
+    try:
+        assert int(proc.stdout.readline()) == proc.pid
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert Deadline(10).poll(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T")
+        reaper = reap_soon(proc)
+        outcome = stop_tree(identity(proc), term_timeout=5)
+        reaper.join(timeout=10)
+        assert outcome.gone and not outcome.escalated
+        assert proc.returncode == 0 and checkpoint.read_text() == "saved"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 # A supervisor whose job leader ends in `exec env -i ...`: the leader keeps its pid and start time

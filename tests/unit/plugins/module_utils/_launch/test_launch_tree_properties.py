@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (
@@ -202,3 +202,34 @@ def test_the_leader_is_alive_exactly_when_it_is_a_proven_member(example) -> None
         for spec in specs:
             write(fake, spec)
         assert leader_alive(JobIdentity.from_run(record, JOB_DIR), root) is expected, record
+
+
+# Below the proven supervisor (2): a child whose mark names a job nobody can prove (3), one whose mark
+# spells this job's directory otherwise (4), and a grandchild of the first (5).
+MARKED_OTHERWISE = (
+    [Spec(1, 0, 10, None, False, "init", 1, False), Spec(2, 1, RUN_START, None, True, "python3", 2, False),
+     Spec(3, 2, RUN_START + 1, run_mark("/elsewhere/job", RUN_ID), False, "python3", 3, False),
+     Spec(4, 2, RUN_START + 2, run_mark("/" + JOB_DIR, RUN_ID), False, "python3", 4, False),
+     Spec(5, 3, RUN_START + 3, None, False, "sleep", 3, False)],
+    {"run_id": RUN_ID, "pid": None, "starttime": RUN_START, "supervisor_pid": 2, "supervisor_starttime": RUN_START},
+    set(), set())
+
+
+@CI
+@given(forests())
+@example(MARKED_OTHERWISE)
+def test_the_stop_path_signals_every_proven_member(example) -> None:
+    """And the other half: no proven member escapes. A process below the proven supervisor whose
+    mark names another job that nobody can prove (no records: ``/elsewhere/job``) is this job's;
+    only a recycled pid (a stranger by the time it is pinned) is not signalled."""
+    specs, record, recycle, _survives_term = example
+    with tempfile.TemporaryDirectory(prefix="gpuops-fakeproc-") as root:
+        fake = FakeProc(Path(root))
+        for spec in specs:
+            write(fake, spec)
+        by_pid = {spec.pid: spec for spec in specs}
+        kernel = RecordingKernel(fake, by_pid, recycle, set())
+        stop_tree(JobIdentity.from_run(record, JOB_DIR), term_timeout=0, proc_root=root, kill_wait=0, control=kernel)
+        delivered = {(pid, starttime) for pid, starttime, _sig in kernel.delivered}
+        expected = {(pid, start) for pid, start in proven_members(by_pid, record) if pid not in recycle}
+        assert expected <= delivered, (expected - delivered, record)

@@ -17,6 +17,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import RUN_MARK, SUPERVISOR_MARK, run_mark
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import (
     RUN_MARK_PROOF,
+    RUN_PROOF,
     SUPERVISOR_PROOF,
     OtherJobs,
     own_job_dir,
@@ -104,7 +105,8 @@ def test_a_supervisor_named_by_the_pattern_is_its_job_s_and_shields_its_tree(hos
     ("wrong run", {21: SUPERVISOR_PROOF, 22: SUPERVISOR_PROOF, 23: SUPERVISOR_PROOF}, {24, 31}),
     ("started before the run", {21: SUPERVISOR_PROOF, 22: SUPERVISOR_PROOF, 23: SUPERVISOR_PROOF}, {24, 31}),
     ("no record", {}, {21, 22, 23, 24, 31}),
-    ("recycled supervisor", {21: RUN_MARK_PROOF, 22: RUN_MARK_PROOF, 24: RUN_MARK_PROOF}, {23, 31}),
+    # 23 cleared its environment, but descends from A's run, proven by its record and its mark.
+    ("recycled supervisor", {21: RUN_MARK_PROOF, 22: RUN_MARK_PROOF, 23: RUN_PROOF, 24: RUN_MARK_PROOF}, {31}),
 ])
 def test_a_mark_or_a_supervisor_the_records_do_not_confirm_proves_nothing(host, lie, left_to_a, selected):
     root, a, b, _tmp = host
@@ -179,3 +181,37 @@ def test_own_job_dir_is_checked_naming_the_option():
     assert [p.option for p in checks.problems] == ["job_name", "job_state_dir"]
     assert "'../etc' is not a train_launch job name" in checks.problems[0].reason
     assert os.sep not in "train"
+
+
+# --- issue 24, item 4: what a process says about itself never outranks its ancestry --------------
+
+def test_a_mark_that_spells_the_own_job_dir_otherwise_is_the_own_job(host):
+    """``//tmp/.../a`` is the directory ``/tmp/.../a``: a worker of A whose mark spells it so is A's."""
+    root, a, b, _tmp = host
+    spelled = "/" + a  # POSIX keeps a leading "//" through normpath
+    FakeProc(Path(root)).add(26, "python3", ppid=21, pgid=21, cmdline=SCRIPT + ["--respelled"], starttime=2600,
+                             environ={RUN_MARK: run_mark(spelled, RUN_A), SUPERVISOR_MARK: spelled})
+    assert not trustworthy_job_dir(spelled)
+    job, others = select(root, a)
+    assert 26 in job and 26 not in others.claimed
+
+
+def test_a_worker_of_a_carrying_b_s_marks_is_a_s_and_the_conflict_is_a_finding(host):
+    """Both jobs run as one user, so A's worker can copy B's environment: its ancestry (A's proven
+    supervisor) says A, its marks say B. It is A's for A's clean-up, and A's (left alone) for B's."""
+    root, a, b, _tmp = host
+    FakeProc(Path(root)).add(25, "python3", ppid=21, pgid=21, cmdline=SCRIPT + ["--copied"], starttime=3200,
+                             environ={RUN_MARK: run_mark(b, "b0"), SUPERVISOR_MARK: b})
+    job, others = select(root, a)
+    assert 25 in job and 25 not in others.claimed
+    verdict = Verdict()
+    others.add_findings(verdict)
+    (conflict,) = [f for f in verdict.findings if f.kind == "mark_conflict"]
+    assert conflict.pids == (25,) and conflict.escalation.value == "signals"
+    assert b in conflict.why and a in conflict.why
+    # B's clean-up leaves it to A, naming the conflict too.
+    job_b, others_b = select(root, b)
+    assert job_b == {31} and others_b.claimed[25].job_dir == a
+    verdict_b = Verdict()
+    others_b.add_findings(verdict_b)
+    assert [f.pids for f in verdict_b.findings if f.kind == "mark_conflict"] == [(25,)]
