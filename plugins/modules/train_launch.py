@@ -36,7 +36,8 @@ description:
     chdir, user, group). If the job runs with the same spec, backend and O(log_path) nothing changes;
     if it runs with another spec or log path it is restarted; if it does not run it is started.
   - O(state=restarted) always stops the job (if it runs) and starts it again.
-  - O(state=stopped) sends SIGTERM to each proven member of the run, waits up to O(term_timeout)
+  - O(state=stopped) sends SIGTERM to each proven member of the run (followed by SIGCONT, as systemd
+    does, so that a member frozen by SIGSTOP runs its handler), waits up to O(term_timeout)
     seconds, sends SIGKILL, and waits until the whole tree is gone, leaving no zombie of the job behind.
   - Membership is proven, never taken from the records. A process belongs to the run if its
     environment carries the run's mark (C(GPUOPS_RELAUNCH_RUN=STATE_DIR/NAME:RUN_ID), set at spawn
@@ -47,7 +48,9 @@ description:
     same proof says whether the run's main process runs (its recorded pid and start time, and
     membership), so a job whose command ends in C(exec env -i ...) (or C(su -), C(sudo -i), a container
     runtime) and so loses the mark is still the job - running, and left alone by a second
-    O(state=started). No process group is ever signalled as a whole; each member goes through the collection's signal gate, which
+    O(state=started). Ancestry outranks marks; below the proven supervisor, only another job that is
+    itself proven (its records believed, its recorded supervisor or run alive) keeps its subtree; a process
+    whose marks merely name another job is this job's (RV(stop.mark_conflicts)). No process group is ever signalled as a whole; each member goes through the collection's signal gate, which
     never signals PID 1, the module and its ancestors, members of the module's own process group,
     kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).
     A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
@@ -648,10 +651,22 @@ stop:
       type: list
       elements: dict
       sample: [{"record": "pid", "pid": 4100, "comm": "sshd", "reason": "not this run's process: it does not carry this run's mark; ignored"}]
+    mark_conflicts:
+      description:
+        - Processes that descend from the run's proven supervisor but whose C(GPUOPS_RELAUNCH_*) marks name
+          another job (C(marked_job_dir), escaped) - a job that does not exist, another job whose marks
+          it copied, or this job's directory spelled otherwise. Ancestry outranks what a process says
+          about itself, so they were stopped as this job's. Descent stops only at another job that is
+          proven (its records believed, its recorded supervisor or run alive and carrying its mark).
+      type: list
+      elements: dict
+      sample: [{"pid": 4250, "comm": "python3", "marked_job_dir": "/var/lib/gpuops/eval", "reason": "its marks name another job, but it descends from this job's proven supervisor: this job's"}]
     remaining:
       description:
         - What still ran at the deadline (only on failure), with C(protected) saying why a process
-          may never be signalled where that is the reason it remains.
+          may never be signalled where that is the reason it remains, and C(waited_for_by_supervisor)
+          on a child of the supervisor that belongs to another proven job (the supervisor exits only
+          when its last child has). The task's message names every pid.
       type: list
       elements: dict
       returned: on failure
@@ -669,7 +684,12 @@ health:
       description: V(running), V(stalled), V(finished), V(crashed), V(missing) or V(stopped) (see the description).
       type: str
     reason:
-      description: Why, for people (decide on RV(health.state), never on this text).
+      description:
+        - Why, for people (decide on RV(health.state), never on this text).
+        - A live run whose main process is held still says so first, with its state and wait channel
+          ("alive, but stopped by a signal (state T, wchan do_signal_stop ...)", "stopped by a debugger",
+          "frozen by a cgroup freezer"), instead of a plain running or stall. The incident record names
+          such a process in its C(frozen) field.
       type: str
     run_id:
       description: The run judged (null when there is no record of one).

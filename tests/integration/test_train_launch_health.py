@@ -270,3 +270,49 @@ def test_bad_health_options_are_refused_naming_them(ns: Target) -> None:
         assert [problem["option"] for problem in result["option_problems"]] == named, options
         assert "Traceback" not in json.dumps(result)
     assert not Path(ns.state_dir).exists()
+
+
+# A trainer that saves a checkpoint when asked to stop (SIGTERM), as most do.
+CHECKPOINTING_TRAINER = """
+import os, signal, sys, time
+checkpoint = sys.argv[1]
+def save(signum, frame):
+    with open(checkpoint, "w") as out:
+        out.write("saved at step %d" % step)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+step = 0
+while True:
+    step += 1
+    print("step %d loss 0.1" % step, flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_frozen_job_is_named_stopped_by_a_signal_and_saves_its_checkpoint_when_relaunched(ns: Target, tmp_path: Path) -> None:
+    """Frozen with SIGSTOP (a debugger, a cgroup freezer): the health and the incident say so, and the
+    relaunch's SIGTERM is followed by SIGCONT, so the trainer's handler runs and saves its checkpoint
+    well within term_timeout instead of being SIGKILLed at its end."""
+    script = ns.work / "checkpointing.py"
+    script.write_text(CHECKPOINTING_TRAINER, encoding="utf-8")
+    checkpoint = ns.work / "checkpoint"
+    command = ["/usr/bin/python3", str(script), str(checkpoint)]
+    first = once(ns, command=command)
+    assert first["running"] is True, first
+    leader = ns.host_pid(first["pid"])
+    os.kill(leader, signal.SIGSTOP)
+    wait_until(lambda: Path(f"/proc/{leader}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", what="the job frozen")
+    stalled = health_until(ns, "stalled")
+    assert "stopped by a signal" in stalled["health"]["reason"], stalled["health"]
+    assert "do_signal_stop" in stalled["health"]["reason"] or "wchan" in stalled["health"]["reason"]
+
+    relaunched = once(ns, command=command, term_timeout=30)
+    assert relaunched["running"] is True and relaunched["changed"] is True and relaunched["resumed"] is True, relaunched
+    assert relaunched["stop"]["escalated"] is False, relaunched["stop"]
+    assert checkpoint.read_text(encoding="utf-8").startswith("saved at step ")
+    assert relaunched["previous"]["exit_code"] == 0
+    assert relaunched["elapsed"] < 25
+    incident = json.loads(Path(relaunched["incident"]).read_text(encoding="utf-8"))
+    assert "stopped by a signal" in incident["health"]["reason"]
+    (process,) = [entry for entry in incident["processes"] if entry["pid"] == first["pid"]]
+    assert process["state"] == "T" and "stopped by a signal" in process["frozen"]

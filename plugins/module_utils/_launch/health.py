@@ -16,6 +16,10 @@ bound of the real time without progress - the verdict ``stalled`` is never prema
   already saw this very line (same run, same offset, same step), the time it first saw it;
 * before the first progress line of the run (the whole log read), the run's start.
 
+A run whose main process is stopped (state T: SIGSTOP, a job-control stop; t: a debugger; or asleep
+in a cgroup freezer) is alive but runs nothing: the verdict's reason says so, with the wait channel
+(:func:`stopped_state`), instead of a plain "running" or stall.
+
 So a job that keeps printing other lines while its steps stand still is found stalled only once a
 task outside check mode has seen the line (``state=health`` does that without changing anything of
 the job). Wall-clock times (mtime, started_at) are compared with the wall clock; a clock set back
@@ -33,6 +37,7 @@ from typing import Any, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import describe_exit
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import open_regular
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, ProcessControl
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
@@ -112,6 +117,37 @@ def last_progress(log_path: str | None, pattern: Pattern[str], limit: int = SCAN
         return LogProgress(False, f"cannot read the log {log_path}: {exc.strerror or exc}")
     finally:
         os.close(fd)
+
+
+# Where a thread of a frozen control group sleeps: cgroup v2's freezer, cgroup v1's.
+FREEZER_WCHANS = ("do_freezer_trap", "__refrigerator")
+
+
+def stopped_state(state: str, wchan: str) -> str | None:
+    """What a process's state and wait channel say about it being held still, or None if they do not."""
+    where = f"state {state}, wchan {escape_controls(wchan) or '?'}"
+    if state == "T":
+        return (f"stopped by a signal ({where}: SIGSTOP or a job-control stop); it runs nothing, "
+                "not even a SIGTERM handler, until continued")
+    if state == "t":
+        return f"stopped by a debugger ({where}: traced); it runs nothing until the tracer lets it go"
+    if wchan in FREEZER_WCHANS:
+        return f"frozen by a cgroup freezer ({where}); it runs nothing until thawed"
+    return None
+
+
+def leader_stopped_state(pid: int | None, starttime: int | None, proc_root: str = "/proc") -> str | None:
+    """:func:`stopped_state` of the run's main process, read now (None when it is not that process any more)."""
+    if not pid or starttime is None:
+        return None
+    control = ProcessControl(proc_root)
+    process = control.current(Identity(pid, starttime))
+    if process is None:
+        return None
+    main = next((thread for thread in control.threads(pid) if thread.tid == pid), None)
+    wchan = main.wchan if main is not None else ""
+    # Read after the threads: they were the run's main process's only if the pid still has its start time.
+    return stopped_state(process.state, wchan) if control.current(Identity(pid, starttime)) is not None else None
 
 
 def epoch_of(timestamp: Any) -> float | None:
@@ -271,12 +307,21 @@ def after_failed_start(failure: dict[str, Any]) -> str:
 
 
 def judge(run: dict | None, exit_record: dict | None, stop_record: dict | None, alive: bool,
-          progress: Progress | None, stall_after: float | None, now: float) -> HealthReport:
+          progress: Progress | None, stall_after: float | None, now: float, held: str | None = None) -> HealthReport:
     """The verdict from what the records and the process table say (pure: no I/O, `now` given).
 
     `exit_record` and `stop_record` count only for the run in `run`; `alive` is whether its main
     process, proven a member of the run (its mark, or descent from its supervisor), runs; `progress` is None when no progress_regex was given.
+    `held`: what holds the live main process still (:func:`stopped_state`), named first in the reason.
     """
+    report = _judge_alive(run, exit_record, stop_record, alive, progress, stall_after, now)
+    if held is not None and report.state in (Health.RUNNING, Health.STALLED):
+        report.reason = f"alive, but {held}: {report.reason}"
+    return report
+
+
+def _judge_alive(run: dict | None, exit_record: dict | None, stop_record: dict | None, alive: bool,
+                 progress: Progress | None, stall_after: float | None, now: float) -> HealthReport:
     if run is None:
         return HealthReport(Health.MISSING, "no record of a run of this job")
     run_id = str(run.get("run_id"))

@@ -6,7 +6,8 @@ A hang is gone once the job is killed, and with it the only chance to see where 
 first changing task that finds a run stalled or crashed writes, before it signals anything,
 ``STATE_DIR/NAME/incidents/incident-<UTC time>-<run id>.json`` (0600, in a 0700 directory,
 written atomically): the health verdict, the last log lines, every thread of every proven member
-of the run with its state and wchan (``/proc/PID/task/*``), Python stacks from ``py-spy dump``
+of the run with its state and wchan (``/proc/PID/task/*``; a process held still by SIGSTOP, a
+debugger or a cgroup freezer is named so in words, ``frozen``), Python stacks from ``py-spy dump``
 where py-spy is installed (optional, bounded in time), and GPU memory per holder where a GPU query
 works. One record per run: a later task that finds the same run names the record already there.
 The newest ``keep_logs`` records are kept, like logs. The directory is walked from / and used by
@@ -24,6 +25,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import write_json_atomic
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import stopped_state
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line, escape_controls
@@ -113,6 +115,11 @@ def thread_evidence(table: ProcessTable, pids: Iterable[int]) -> list[dict[str, 
             "threads": [_escaped(thread.as_dict()) for thread in threads[:MAX_THREADS]],
             "threads_truncated": len(threads) > MAX_THREADS,
         })
+        # Held still (SIGSTOP, a debugger, a cgroup freezer): said in words, not left to a state letter.
+        main = next((thread for thread in threads if thread.tid == pid), None)
+        held = stopped_state(process.state, main.wchan if main is not None else "")
+        if held is not None:
+            described[-1]["frozen"] = held
     return described
 
 

@@ -23,6 +23,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health imp
     epoch_of,
     judge,
     last_progress,
+    leader_stopped_state,
     measure,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import tail
@@ -96,8 +97,10 @@ class JobJudge:
                 # Bookkeeping, not a change of the job: when this line was first seen, so that a later
                 # task can tell a stall even if the job goes on printing other lines.
                 self.records.write(PROGRESS_FILE, progress.record(str(run.get("run_id"))))
+        # A frozen main process (SIGSTOP, a debugger, a cgroup freezer) is named as such in the reason.
+        held = leader_stopped_state(run.get("pid"), run.get("starttime"), self.records.proc_root) if status.running else None
         report = judge(run, exit_record, self.records.read(STOP_FILE), status.running, progress,
-                       options.stall_after, now)
+                       options.stall_after, now, held)
         if status.start_failure is not None:
             # Nothing of that start ran: the job is what it was (see JobRecords.start_failure).
             report.reason += after_failed_start(status.start_failure)
