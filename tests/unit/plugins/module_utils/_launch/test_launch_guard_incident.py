@@ -21,6 +21,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident i
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from tests.harness.clock import FakeClock
+from tests.harness.fakeproc import FakeProc
 
 
 def test_the_guard_counts_within_the_window() -> None:
@@ -106,3 +107,16 @@ def test_a_time_far_ahead_does_not_close_the_gate_for_ever_and_only_known_fields
     # A clock that jumped a year ahead once, or a record that lies: such entries do not count.
     assert RelaunchGuard(1, 100.0).allows([{"at": 10.0 + 366 * 86400}], 10.0) is True
     assert history_entries({"relaunches": [{"at": 1.0, "run_id": "r", "junk": "x" * 1000}]}) == [{"at": 1.0, "run_id": "r"}]
+
+
+def test_the_evidence_names_a_process_held_still_in_words(tmp_path) -> None:
+    """A frozen member (SIGSTOP: state T, its main thread in do_signal_stop) is named so; a running one is not."""
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init", ppid=0)
+    proc.add(40, "python3", state="T", starttime=4000)
+    proc.add_thread(40, 40, "python3", state="T", wchan="do_signal_stop")
+    proc.add(41, "python3", starttime=4100)
+    proc.add_thread(41, 41, "python3", wchan="ep_poll")
+    described = {entry["pid"]: entry for entry in thread_evidence(ProcessTable.scan(str(tmp_path)), [40, 41])}
+    assert described[40]["frozen"].startswith("stopped by a signal (state T, wchan do_signal_stop")
+    assert "frozen" not in described[41]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -13,8 +16,12 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health imp
     epoch_of,
     judge,
     last_progress,
+    leader_stopped_state,
     measure,
+    stopped_state,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import process_starttime
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import HEALTH_WORDS, Escalation, Health, worst
 
 STEP = re.compile(r"^step (\d+) ")
@@ -161,3 +168,44 @@ def test_a_progress_record_that_lies_about_the_time_is_not_believed(tmp_path, li
     log = last_progress(write(tmp_path / "log", "step 3 x\nwarning\n", START + 90), STEP)
     record = dict(Progress("3", "step 3 x", START + 20, "log_mtime", log.line_end).record("r1"), first_seen=lie)
     assert measure(log, "r1", START, record, START + 100).seen_at == START + 90
+
+
+# --- issue 24, item 7: a main process held still is named so --------------------------------------
+
+@pytest.mark.parametrize("state, wchan, named", [
+    ("T", "do_signal_stop", "stopped by a signal (state T, wchan do_signal_stop"),
+    ("t", "ptrace_stop", "stopped by a debugger (state t, wchan ptrace_stop"),
+    ("S", "do_freezer_trap", "frozen by a cgroup freezer (state S, wchan do_freezer_trap)"),
+    ("D", "__refrigerator", "frozen by a cgroup freezer (state D, wchan __refrigerator)"),
+    ("T", "", "wchan ?"),
+    ("T", "x\x1b[2Jy", "wchan x\\x1b[2Jy"),  # a wait channel is read from /proc, still escaped
+    ("S", "ep_poll", None),
+    ("R", "", None),
+])
+def test_what_holds_a_process_still_is_said_in_words(state, wchan, named) -> None:
+    said = stopped_state(state, wchan)
+    assert (said is None) if named is None else (named in said)
+
+
+def test_the_verdict_names_a_held_main_process_before_running_or_a_stall() -> None:
+    held = stopped_state("T", "do_signal_stop")
+    running = judge(RUN, None, None, True, None, None, START + 10, held)
+    assert running.state is Health.RUNNING and running.reason.startswith("alive, but stopped by a signal")
+    stalled = judge(RUN, None, None, True, Progress("3", "step 3", START, "log_mtime"), 2.0, START + 100, held)
+    assert stalled.state is Health.STALLED and "stopped by a signal" in stalled.reason and "no progress" in stalled.reason
+    ended = judge(RUN, {"run_id": "r1", "exit_code": 0, "exit_signal": None}, None, False, None, None, START + 10, held)
+    assert "stopped by a signal" not in ended.reason  # an ended run is not held by anything
+
+
+def test_a_real_stopped_process_is_read_as_stopped_by_a_signal() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        starttime = process_starttime(proc.pid)
+        assert leader_stopped_state(proc.pid, starttime) is None
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert Deadline(10).poll(lambda: leader_stopped_state(proc.pid, starttime) is not None)
+        assert leader_stopped_state(proc.pid, starttime).startswith("stopped by a signal (state T")
+        assert leader_stopped_state(proc.pid, starttime + 1) is None  # another process's start time: not it
+    finally:
+        proc.kill()
+        proc.wait()
