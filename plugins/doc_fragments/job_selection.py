@@ -105,8 +105,11 @@ options:
     default: /var/lib/gpuops
   gpu_device_glob:
     description:
-      - Shell glob over the targets of open file descriptors that mark a process or thread as a
-        GPU device holder.
+      - Shell glob over the targets of open file descriptors where GPU device files are looked for.
+        Of the files matching it, only a GPU's own character device (the NVIDIA major 195, minor 0 to
+        247, C(/dev/nvidiaN)), told by the kernel's numbers of the opened file, marks a process or
+        thread as a GPU device holder; C(/dev/nvidiactl), C(/dev/nvidia-modeset), C(/dev/nvidia-uvm) and
+        files that are not character devices do not.
       - When nothing on the machine matches the glob, the descriptor walk is skipped entirely.
     type: str
     default: /dev/nvidia*

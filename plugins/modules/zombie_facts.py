@@ -189,10 +189,17 @@ ansible_facts:
           elements: str
           sample: ["match: '.*' matches the empty string, so it selects every process"]
         gpu_holders:
-          description: Processes and threads with an open file matching O(gpu_device_glob).
+          description:
+            - "Processes and threads holding a GPU's own device file open at a path matching
+              O(gpu_device_glob): the character device with the NVIDIA driver's major number 195 and a
+              GPU's minor number (0 to 247, C(/dev/nvidiaN)), told by the kernel's numbers of the opened
+              file, never by its name. C(/dev/nvidiactl) (195:255), C(/dev/nvidia-modeset) (195:254) and
+              C(/dev/nvidia-uvm), which every GPU user holds, and anything that is not a character device
+              hold no GPU. C(device) is the path, C(device_number) the C(major:minor) of what is held."
+            - Only such a holder makes another program's zombie leader block (V(holds_device)).
           type: list
           elements: dict
-          sample: [{pid: 4121, tid: 4121, comm: python3, state: S, device: /dev/nvidia0}]
+          sample: [{pid: 4121, tid: 4121, comm: python3, state: S, device: /dev/nvidia0, device_number: "195:0"}]
         missing_pids:
           description: Pids given in O(pids) that do not exist.
           type: list

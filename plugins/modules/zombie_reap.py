@@ -271,7 +271,8 @@ remaining:
     - What the ladder could not clear, with C(state) (C(D), V(running) or C(Z)), C(kind)
       (V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled), V(unreaped_orphan)
       or V(zombie), words of RV(findings)), the C(escalation) that would clear it and a C(reason). Entries for
-      processes still running name the GPU device files they hold in C(devices).
+      processes still running name the GPU device files they hold in C(devices) (a GPU's own,
+      195:0 to 195:247, as in M(gpuops.relaunch.zombie_facts)' C(gpu_holders)).
   returned: always
   type: list
   elements: dict

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import uuid
 
@@ -103,10 +104,15 @@ def test_job_descendants_only_on_request(reaper, tag, local_inventory):
 
 
 def test_zombie_leader_with_live_thread_holding_a_device(reaper, tag, local_inventory, tmp_path):
-    device = tmp_path / "nvidia0"
-    device.write_text("", encoding="utf-8")
+    # Stand-ins of the NVIDIA device files, real character nodes with the driver's numbers: GPU 0's
+    # own (195:0) and /dev/nvidiactl (195:255), which every GPU user holds whatever its GPU.
+    device, control = tmp_path / "nvidia0", tmp_path / "nvidiactl"
+    os.mknod(device, 0o600 | stat.S_IFCHR, os.makedev(195, 0))
+    os.mknod(control, 0o600 | stat.S_IFCHR, os.makedev(195, 255))
     made = reaper.start(ZOMBIE_LEADER, str(device), tag)
     zombie = int(made["zombie"])
+    # Another program's Zl whose live thread holds only /dev/nvidiactl: it holds no GPU.
+    other = int(reaper.start(ZOMBIE_LEADER, str(control), tag.replace("gpuops-test", "gpuops-tesx"))["zombie"])
 
     facts = gather(local_inventory, {"match": [tag], "gpu_device_glob": str(tmp_path / "nvidia*")})
 
@@ -117,8 +123,12 @@ def test_zombie_leader_with_live_thread_holding_a_device(reaper, tag, local_inve
     assert thread["tid"] != zombie and thread["state"] in ("S", "R")
     holders = [h for h in facts["gpu_holders"] if h["pid"] == zombie]
     # The leader's own fd/ is empty; the device is found on the live thread.
-    assert holders == [{"pid": zombie, "tid": thread["tid"], "comm": thread["comm"], "state": thread["state"], "device": str(device)}]
+    assert holders == [{"pid": zombie, "tid": thread["tid"], "comm": thread["comm"], "state": thread["state"], "device": str(device),
+                        "device_number": "195:0"}]
     assert facts["escalation"] == "signals"
+    entry = by_pid(facts["zombies"])[other]
+    assert entry["kind"] == "zombie_leader" and entry["job"] is False and entry["blocking"] is False, entry
+    assert [h for h in facts["gpu_holders"] if h["pid"] == other] == []
 
 
 def test_frozen_task_is_uninterruptible(reaper, tag, local_inventory):

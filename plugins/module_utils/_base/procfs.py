@@ -15,6 +15,7 @@ import fnmatch
 import glob
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Pattern
 
@@ -25,6 +26,12 @@ PF_KTHREAD = 0x00200000
 # The wchan of a thread asleep in the NVIDIA driver (uvm_*, nv_*, os_*): where only the host helps.
 DEFAULT_DRIVER_WCHAN = r"^(uvm_|nv_|nvidia|os_|_nv)"
 _READ_SIZE = 4096
+# The NVIDIA driver's character devices: /dev/nvidiaN is 195:N for the GPU whose minor number is N,
+# /dev/nvidia0 to /dev/nvidia247 (the driver's NV_MINOR_DEVICE_NUMBER_REGULAR_MAX);
+# /dev/nvidia-modeset is 195:254 and /dev/nvidiactl 195:255, which every GPU user holds whatever its
+# GPU; /dev/nvidia-uvm and /dev/nvidia-caps/* have majors of their own, given at load time.
+NVIDIA_MAJOR = 195
+MAX_GPU_MINOR = 247
 
 
 def read_small(path: str) -> bytes | None:
@@ -140,17 +147,40 @@ class Process:
 
 
 @dataclass(frozen=True)
+class OpenDevice:
+    """A character device a process holds open: the path its fd leads to (shown escaped) and the
+    kernel's numbers of the opened file, which say what it is (a name says nothing)."""
+
+    path: str
+    major: int
+    minor: int
+
+    @property
+    def is_gpu(self) -> bool:
+        """A GPU's own device file (/dev/nvidiaN), not one GPU users share (/dev/nvidiactl, -modeset, -uvm)."""
+        return self.major == NVIDIA_MAJOR and self.minor <= MAX_GPU_MINOR
+
+    @property
+    def number(self) -> str:
+        return f"{self.major}:{self.minor}"
+
+    def __str__(self) -> str:
+        return f"{self.path} (char {self.number})"
+
+
+@dataclass(frozen=True)
 class DeviceHolder:
-    """A process (or one of its threads) with an open file matching the GPU device glob."""
+    """A process (or one of its threads) holding open a character device at a path matching the glob."""
 
     pid: int
     tid: int
     comm: str
     state: str
-    device: str
+    device: OpenDevice
 
     def as_dict(self) -> dict[str, object]:
-        return {"pid": self.pid, "tid": self.tid, "comm": self.comm, "state": self.state, "device": self.device}
+        return {"pid": self.pid, "tid": self.tid, "comm": self.comm, "state": self.state, "device": self.device.path,
+                "device_number": self.device.number}
 
 
 class ProcessTable:
@@ -274,7 +304,9 @@ class ProcessTable:
         )
 
     def device_holders(self, device_glob: str, candidates: Iterable[int] | None = None) -> list[DeviceHolder]:
-        """Processes/threads with an open fd whose target matches `device_glob`.
+        """Processes/threads holding open a character device at a path matching `device_glob`, with
+        the device's numbers (:attr:`OpenDevice.is_gpu` tells a GPU's own file). The one walk for
+        every "holds a GPU" in the collection: zombie_facts, zombie_reap and gpu_reclaim's proof.
 
         Reads ``task/*/fd`` only where it differs from the process's ``fd`` (a zombie leader's own
         ``fd/`` is empty while its live threads still hold the files). Skips the whole fd walk when
@@ -393,20 +425,32 @@ def _read_threads(proc_root: str, pid: int) -> Iterator[Thread]:
         yield Thread(tid=tid, state=fields.state, wchan="" if wchan_text == "0" else wchan_text, comm=fields.comm)
 
 
-def _open_devices(fd_dir: str, device_glob: str) -> list[str]:
+def _open_devices(fd_dir: str, device_glob: str) -> list[OpenDevice]:
+    """The character devices open in `fd_dir` at paths matching `device_glob`.
+
+    The numbers are the kernel's, of the file each fd leads to (``stat`` follows /proc/PID/fd/N to
+    the opened file itself), never read from a name; a regular file or a FIFO named like a device is
+    none. Only paths that match the glob are stat'ed (a file on a hung network mount would block).
+    """
     try:
         names = os.listdir(fd_dir)
     except OSError:
         return []
-    devices: list[str] = []
+    devices: list[OpenDevice] = []
     for name in names:
+        link = f"{fd_dir}/{name}"
         try:
-            target = os.readlink(f"{fd_dir}/{name}")
+            target = os.readlink(link)
+            if not fnmatch.fnmatchcase(target, device_glob):
+                continue
+            info = os.stat(link)
         except OSError:
-            continue
-        if fnmatch.fnmatchcase(target, device_glob) and target not in devices:
-            devices.append(target)
-    return sorted(devices)
+            continue  # closed meanwhile, or the process is gone
+        if stat.S_ISCHR(info.st_mode):
+            device = OpenDevice(escape_controls(target), os.major(info.st_rdev), os.minor(info.st_rdev))
+            if device not in devices:
+                devices.append(device)
+    return sorted(devices, key=lambda d: (d.path, d.major, d.minor))
 
 
 def compile_patterns(patterns: Iterable[str], option: str) -> list[Pattern[str]]:

@@ -34,6 +34,8 @@ from xml.etree import ElementTree
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_seconds
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline, poll_until
+# The highest minor number a GPU's own device file has (/dev/nvidia0 to /dev/nvidia247): see procfs.
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import MAX_GPU_MINOR
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 
 MIB = 1024 * 1024
@@ -155,9 +157,6 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-# Minor numbers of the NVIDIA driver's GPU devices, /dev/nvidia0 to /dev/nvidia247 (the driver's
-# NV_MINOR_DEVICE_NUMBER_REGULAR_MAX); 254 is /dev/nvidia-modeset and 255 /dev/nvidiactl, which no GPU has.
-MAX_GPU_MINOR = 247
 NVIDIA_SMI_MINOR_UNKNOWN = "the nvidia-smi backend reads minor numbers only when asked (nvidia-smi -q -x)"
 
 

@@ -45,7 +45,6 @@ import dataclasses
 import fnmatch
 import os
 import signal
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Pattern
@@ -58,6 +57,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
+    NVIDIA_MAJOR,
+    OpenDevice,
     Process,
     ProcessTable,
     compile_patterns,
@@ -82,10 +83,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     Proof,
     SignalGate,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
-    MAX_GPU_MINOR,
     MIB,
     GpuDevice,
     GpuQueryError,
@@ -128,10 +127,6 @@ NOT_HOLDING = "not_holding"
 DEVICE_UNKNOWN = "device_unknown"
 
 DEFAULT_GPU_DEVICE_GLOB = "/dev/nvidia*"
-# The major number of the NVIDIA driver's character devices: /dev/nvidiaN is 195:N for the GPU whose
-# minor number is N, /dev/nvidia-modeset 195:254, /dev/nvidiactl 195:255. (/dev/nvidia-uvm and
-# /dev/nvidia-caps/* have majors of their own, given at load time.)
-NVIDIA_MAJOR = 195
 GLOB_WILDCARDS = "*?["
 # Files nearly every process holds open: a glob that matches one of them proves nothing about a GPU.
 COMMON_OPEN_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/tty", "/dev/pts/0", "/dev/console")
@@ -229,58 +224,12 @@ def _device_glob(option: str, device_glob: str | None) -> str:
     return device_glob
 
 
-@dataclass(frozen=True)
-class OpenDevice:
-    """A character device a process holds open: the path its fd leads to (shown) and the device's numbers."""
-
-    path: str
-    major: int
-    minor: int
-
-    @property
-    def is_gpu(self) -> bool:
-        """A GPU's own device file (/dev/nvidiaN), not one GPU users share (/dev/nvidiactl, -modeset, -uvm)."""
-        return self.major == NVIDIA_MAJOR and self.minor <= MAX_GPU_MINOR
-
-    def __str__(self) -> str:
-        return f"{self.path} (char {self.major}:{self.minor})"
-
-
 def open_devices(proc_root: str, device_glob: str, process: Process) -> list[OpenDevice]:
-    """The character devices `process` (as read now) holds open at a path matching `device_glob`.
-
-    The numbers are the kernel's, of the file each fd leads to (``stat`` follows /proc/PID/fd/N to the
-    opened file itself), never read from a name. Only paths that match the glob are looked at, so
-    nothing outside the device files is ever stat'ed (a file on a hung network mount would block).
-    A ``Zl`` leader by its live threads' files: its own ``fd/`` is empty.
-    """
-    if process.is_kernel_thread:
-        return []
-    if process.is_zombie:
-        threads = ProcessTable({process.pid: process}, proc_root).load_threads(process.pid)
-        fd_dirs = [f"{proc_root}/{process.pid}/task/{t.tid}/fd" for t in threads if t.state not in ("Z", "X")]
-    else:
-        fd_dirs = [f"{proc_root}/{process.pid}/fd"]
-    found: list[OpenDevice] = []
-    for fd_dir in fd_dirs:
-        try:
-            names = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for name in names:
-            link = f"{fd_dir}/{name}"
-            try:
-                target = os.readlink(link)
-                if not fnmatch.fnmatchcase(target, device_glob):
-                    continue
-                info = os.stat(link)
-            except OSError:
-                continue  # closed meanwhile, or the process is gone
-            if stat.S_ISCHR(info.st_mode):
-                device = OpenDevice(escape_controls(target), os.major(info.st_rdev), os.minor(info.st_rdev))
-                if device not in found:
-                    found.append(device)
-    return sorted(found, key=lambda d: (d.path, d.major, d.minor))
+    """The character devices `process` (as read now) holds open at a path matching `device_glob`,
+    with the kernel's numbers: the collection's one walk (:meth:`ProcessTable.device_holders`, which
+    zombie_facts' gpu_holders use too), a ``Zl`` leader by its live threads' files."""
+    holders = ProcessTable({process.pid: process}, proc_root).device_holders(device_glob, [process.pid])
+    return sorted({holder.device for holder in holders}, key=lambda d: (d.path, d.major, d.minor))
 
 
 def holds_gpu_device(proc_root: str, device_glob: str, minors: frozenset[int], process: Process) -> bool:

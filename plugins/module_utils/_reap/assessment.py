@@ -159,7 +159,9 @@ def assess_table(
     job = selector.select(table, protection, named, left_to_others)
     protected_job = {pid for pid in named if pid in protection}
 
-    holders = table.device_holders(options.device_glob)
+    # Holding a GPU is holding a GPU's own device file (195:N), told by its numbers: /dev/nvidiactl,
+    # -modeset and -uvm, which every GPU user holds, and files merely named like one block nothing.
+    holders = [h for h in table.device_holders(options.device_glob) if h.device.is_gpu]
     holder_pids = {h.pid for h in holders}
 
     # The table is walked once for D-state processes and once for zombies, not once per use.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
@@ -80,9 +82,16 @@ def test_zombie_leader_has_empty_cmdline_and_threads_from_task_dir(tmp_path):
     assert [t.tid for t in leader.live_threads] == [51]
 
 
+def char_node(path, major, minor):
+    """A real character device node: what counts is the kernel's major:minor of the opened file."""
+    if os.geteuid() != 0:
+        pytest.skip("a stand-in device node (mknod of a character device) needs root")
+    os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+    return path
+
+
 def test_device_holders_read_task_fds_of_zombie_leaders(tmp_path):
-    device = tmp_path / "nvidia0"
-    device.write_text("", encoding="utf-8")
+    device = char_node(tmp_path / "nvidia0", 195, 0)
     proc = FakeProc(tmp_path / "proc")
     proc.add(1, "init")
     proc.add(50, "python3", state="Z", threads=2)
@@ -94,10 +103,29 @@ def test_device_holders_read_task_fds_of_zombie_leaders(tmp_path):
     proc.add_fd(60, "4", "/dev/null")
     table = ProcessTable.scan(str(tmp_path / "proc"))
     holders = table.device_holders(str(tmp_path / "nvidia*"))
-    assert [(h.pid, h.tid, h.comm, h.device) for h in holders] == [
-        (50, 51, "worker", str(device)),
-        (60, 60, "python3", str(device)),
+    assert [(h.pid, h.tid, h.comm, h.device.path, h.device.number) for h in holders] == [
+        (50, 51, "worker", str(device), "195:0"),
+        (60, 60, "python3", str(device), "195:0"),
     ]
+
+
+def test_device_holders_tell_the_device_by_its_numbers_not_its_name(tmp_path):
+    """Only character devices count, each with the kernel's numbers; only 195:0-247 is a GPU's own."""
+    nodes = {name: char_node(tmp_path / name, major, minor) for name, (major, minor) in {
+        "nvidia0": (195, 0), "nvidia247": (195, 247), "nvidia-modeset": (195, 254), "nvidiactl": (195, 255),
+        "nvidia-uvm": (511, 0), "nvidia-lookalike": (1, 3)}.items()}  # 1:3 is /dev/null's numbers
+    (tmp_path / "nvidia-regular").write_text("", encoding="ascii")
+    os.mkfifo(tmp_path / "nvidia-fifo")
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(60, "python3")
+    paths = [*nodes.values(), tmp_path / "nvidia-regular", tmp_path / "nvidia-fifo"]
+    for fd, path in enumerate(paths, start=3):
+        proc.add_fd(60, str(fd), str(path))
+    table = ProcessTable.scan(str(tmp_path / "proc"))
+    held = {h.device.path: (h.device.number, h.device.is_gpu) for h in table.device_holders(str(tmp_path / "nvidia*"))}
+    assert held == {str(nodes["nvidia0"]): ("195:0", True), str(nodes["nvidia247"]): ("195:247", True),
+                    str(nodes["nvidia-modeset"]): ("195:254", False), str(nodes["nvidiactl"]): ("195:255", False),
+                    str(nodes["nvidia-uvm"]): ("511:0", False), str(nodes["nvidia-lookalike"]): ("1:3", False)}
 
 
 def test_device_walk_skipped_when_no_device_exists(tmp_path):

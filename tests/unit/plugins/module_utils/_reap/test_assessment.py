@@ -6,7 +6,9 @@ driver) are covered here; every other state is also made for real in tests/integ
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 
 import pytest
 
@@ -90,6 +92,39 @@ def test_unrelated_zombie_leader_without_a_gpu_does_not_block(proc):
     result, _clock = run(proc.root, match=[r"train"])
     assert result.zombies[0]["kind"] == "zombie_leader" and result.zombies[0]["blocking"] is False
     assert result.escalation == Escalation.NONE
+
+
+def char_node(path, major, minor):
+    """A real character device node: what counts is the kernel's major:minor of the opened file."""
+    if os.geteuid() != 0:
+        pytest.skip("a stand-in device node (mknod of a character device) needs root")
+    os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+    return str(path)
+
+
+def test_only_a_gpus_own_device_file_makes_an_unrelated_zombie_leader_a_gpu_holder(proc, tmp_path):
+    """/dev/nvidiactl, -modeset and -uvm (every GPU user's), a regular file and a FIFO named like a
+    device hold no GPU: another program's Zl holding only those does not block, nor is it listed in
+    gpu_holders; one whose live thread holds /dev/nvidia3 (195:3) does, and says which device."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    shared = [char_node(dev / "nvidiactl", 195, 255), char_node(dev / "nvidia-modeset", 195, 254),
+              char_node(dev / "nvidia-uvm", 511, 0)]
+    (dev / "nvidia0").write_text("", encoding="ascii")  # a regular file where a device file would be
+    os.mkfifo(dev / "nvidia1")
+    gpu3 = char_node(dev / "nvidia3", 195, 3)
+    for leader, files in ((71, [*shared, str(dev / "nvidia0"), str(dev / "nvidia1")]), (81, [shared[0], gpu3])):
+        proc.add(leader - 1, "java", cmdline=["java", "-jar", f"agent{leader}.jar"])
+        proc.add(leader, "java", state="Z", ppid=leader - 1, threads=2)
+        proc.add_thread(leader, leader, "java", state="Z")
+        proc.add_thread(leader, leader + 1, "gc", state="S", wchan="futex_wait_queue")
+        for fd, path in enumerate(files, start=3):
+            proc.add_fd(leader, str(fd), path, tid=leader + 1)
+    result, _clock = run(proc.root, match=[r"train"], device_glob=str(dev / "nvidia*"))
+    blocking = {z["pid"]: z["blocking"] for z in result.zombies}
+    assert blocking == {71: False, 81: True}
+    assert result.gpu_holders == [{"pid": 81, "tid": 82, "comm": "gc", "state": "S", "device": gpu3, "device_number": "195:3"}]
+    assert result.escalation == Escalation.SIGNALS and any("81" in reason for reason in result.reasons)
 
 
 def test_unrelated_plain_zombie_does_not_block(proc):
