@@ -131,6 +131,15 @@ sleeper()
 
 # A vfork() parent sleeps (state D, killable) until its child execs or exits; this child does
 # neither. Python cannot vfork safely, so this one is C, built once per test directory.
+# A process that saves its work on SIGTERM (writes "saved" to argv[1]) and prints its pid: stopped
+# (SIGSTOP) it runs the handler only once continued.
+SAVES_ON_SIGTERM = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], "w").write("saved"), sys.exit(0)))
+print(os.getpid(), flush=True)
+time.sleep(300)
+"""
+
 VFORK_PARENT_C = r"""
 #include <stdio.h>
 #include <unistd.h>

@@ -14,11 +14,12 @@ Before that, :class:`SignalGate` refuses what must never be signalled whatever a
 says: PID 1 of the namespace, the process running the module and its ancestors, kernel threads,
 processes matching a protected pattern and, where the caller asks, the members of the module's
 own process group. No module signals a process group: a group is signalled member by member.
-A signal that asks something of a process (SIGTERM, SIGINT, SIGUSR1, SIGCHLD...) is followed by
-SIGCONT to the same pinned process, as systemd does: a stopped process (state T: SIGSTOP, a job
-control stop) runs no handler until it is continued, so without it a frozen job would sit out the
-whole timeout and be SIGKILLed without saving its checkpoint. SIGKILL needs none (it ends a stopped
-process), and the stop signals themselves are never followed by one.
+A signal that asks a process to end (SIGTERM, SIGINT, SIGHUP, SIGQUIT) is followed by SIGCONT to
+the same pinned process, as systemd does: a stopped process (state T: SIGSTOP, a job control stop)
+runs no handler until it is continued, so without it a frozen job would sit out the whole timeout
+and be SIGKILLed without saving its checkpoint. SIGKILL needs none (it ends a stopped process); a
+signal that asks anything else (SIGCHLD to a zombie's parent, SIGUSR1 to an idle supervisor) leaves
+a stopped process stopped: whoever stopped it (a debugger, an operator) did so on purpose.
 A caller may also give the gate a *proof* (:data:`Proof`), something the process must show now
 (gpu_reclaim: that it holds a GPU device file); it is read once the process is pinned, and the
 start time is checked again after it, so what was read belongs to the process the signal reaches.
@@ -85,10 +86,8 @@ UNPROVEN = "unproven"
 # pinned and its start time checked, True to let the signal go.
 Proof = Callable[[Process], bool]
 
-# Signals after which no SIGCONT is sent: SIGKILL ends a stopped process by itself, SIGCONT is one,
-# and a stop signal followed by SIGCONT would undo itself.
-NEEDS_NO_CONTINUE = frozenset({signal.SIGKILL, signal.SIGCONT, signal.SIGSTOP, signal.SIGTSTP,
-                               signal.SIGTTIN, signal.SIGTTOU})
+# Signals that ask a process to end: SIGCONT follows each (see the module doc).
+CONTINUED_AFTER = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 
 
 class ProcessControl:
@@ -131,7 +130,7 @@ class ProcessControl:
         """Signal exactly `target`: SENT, or GONE / RECYCLED / DENIED / REFUSED / UNPROVEN and nothing sent.
 
         With a `proof`, the signal goes only where it holds for the process as it is after pinning.
-        A signal not in NEEDS_NO_CONTINUE is followed by SIGCONT to the same process (see the module doc).
+        A signal in CONTINUED_AFTER is followed by SIGCONT to the same process (see the module doc).
         """
         if target.pid <= NAMESPACE_INIT_PID:
             return REFUSED
@@ -144,7 +143,7 @@ class ProcessControl:
                 self.use_pidfd = False
         # Without a pidfd the SIGCONT goes by pid too: the signal may have ended the process and its pid
         # been reused since, so the start time is read again right before it, as before the signal.
-        resume = None if sig in NEEDS_NO_CONTINUE else (
+        resume = None if sig not in CONTINUED_AFTER else (
             lambda: self._kill(target.pid, signal.SIGCONT) if target.matches(self.look(target.pid)) else None)
         return self._deliver_to_same(target, lambda: self._kill(target.pid, sig), proof, resume)
 
@@ -156,7 +155,7 @@ class ProcessControl:
         try:
             # The handle pins one process; checking the start time after opening it proves it is
             # the one the plan saw (a reused pid shows another start time and is left alone).
-            resume = None if sig in NEEDS_NO_CONTINUE else (lambda: self._signal_handle(handle, signal.SIGCONT))
+            resume = None if sig not in CONTINUED_AFTER else (lambda: self._signal_handle(handle, signal.SIGCONT))
             return self._deliver_to_same(target, lambda: self._signal_handle(handle, sig), proof, resume)
         finally:
             self._close(handle)

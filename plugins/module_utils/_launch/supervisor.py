@@ -116,8 +116,10 @@ def signal_identity(pid: int, starttime: int, signum: int, proc_root: str = "/pr
     """Send `signum` to `pid` only if it still has `starttime`: pinned by a pidfd where there is one.
 
     The collection's signal gate (plugins/module_utils/_base/signal_gate.py) does the same; this
-    program runs alone with the standard library, so it keeps this small copy.
+    program runs alone with the standard library, so it keeps this small copy. As the gate does, a
+    SIGTERM or SIGINT is followed by SIGCONT: a stopped member runs its handler only when continued.
     """
+    resume = signum in (signal.SIGTERM, signal.SIGINT)
     try:
         if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
             handle = os.pidfd_open(pid)  # pylint: disable=no-member
@@ -125,12 +127,16 @@ def signal_identity(pid: int, starttime: int, signum: int, proc_root: str = "/pr
                 if process_starttime(pid, proc_root) != starttime:
                     return False
                 signal.pidfd_send_signal(handle, signum)  # pylint: disable=no-member
+                if resume:
+                    signal.pidfd_send_signal(handle, signal.SIGCONT)  # pylint: disable=no-member
             finally:
                 os.close(handle)
             return True
         if process_starttime(pid, proc_root) != starttime:
             return False
         os.kill(pid, signum)
+        if resume and process_starttime(pid, proc_root) == starttime:
+            os.kill(pid, signal.SIGCONT)
         return True
     except OSError:
         return False  # it ended meanwhile

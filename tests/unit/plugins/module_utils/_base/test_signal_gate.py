@@ -28,6 +28,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     SignalGate,
 )
 from tests.harness.fakeproc import FakeProc
+from tests.harness.procstates import SAVES_ON_SIGTERM
 
 
 class RecordingControl(ProcessControl):
@@ -78,6 +79,9 @@ def test_the_proof_is_read_after_the_pin_and_a_failed_proof_sends_nothing(tmp_pa
     assert control.events[2:] == ["pin 200", "proof 200 500", "signal 200 SIGTERM", "signal 200 SIGCONT"]
     assert control.send(target, signal.SIGKILL) == SENT
     assert control.events[6:] == ["pin 200", "signal 200 SIGKILL"]  # SIGKILL needs none
+    # A signal that asks for anything but an end leaves a stopped process stopped (a debugger's, an operator's).
+    assert control.send(target, signal.SIGCHLD) == SENT and control.send(target, signal.SIGUSR1) == SENT
+    assert control.events[8:] == ["pin 200", "signal 200 SIGCHLD", "pin 200", "signal 200 SIGUSR1"]
 
 
 def test_a_pid_recycled_while_the_proof_reads_is_not_signalled(tmp_path):
@@ -116,18 +120,10 @@ def test_the_gate_hands_its_proof_to_every_send_and_protection_comes_first(tmp_p
 
 # --- issue 24, item 7: a stopped process is continued after the signal that asks it to end --------
 
-STOPPED_WITH_HANDLER = """
-import os, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], "w").write("saved"), sys.exit(0)))
-print(os.getpid(), flush=True)
-time.sleep(300)
-"""
-
-
 @pytest.mark.parametrize("use_pidfd", [True, False])
 def test_sigterm_to_a_stopped_process_is_followed_by_sigcont_through_the_gate(tmp_path, use_pidfd) -> None:
     saved = tmp_path / "saved"
-    proc = subprocess.Popen([sys.executable, "-c", STOPPED_WITH_HANDLER, str(saved)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", SAVES_ON_SIGTERM, str(saved)], stdout=subprocess.PIPE, text=True)
     try:
         assert int(proc.stdout.readline()) == proc.pid
         os.kill(proc.pid, signal.SIGSTOP)

@@ -19,10 +19,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor
     install_supervisor,
     read_json,
     record_systemd_exit,
+    signal_identity,
     spawn_detached,
     write_json_atomic,
 )
-from tests.harness.procstates import wait_until
+from tests.harness.procstates import SAVES_ON_SIGTERM, wait_until
 
 DEMO = str(Path(__file__).resolve().parents[5] / "playbooks" / "files" / "demo_train.py")
 
@@ -342,3 +343,23 @@ def test_a_systemd_start_that_fails_after_dropping_root_is_recorded_as_a_start_f
     assert ended["exit_code"] == 127 and f"cannot start ['{broken}']" in ended["error"], ended
     assert "No such file or directory" in ended["error"]
     assert "start_error.txt" not in os.listdir(job_dir)  # taken into exit.json
+
+
+@pytest.mark.parametrize("use_pidfd", [True, False])
+def test_a_forwarded_sigterm_reaches_a_stopped_member_with_sigcont(tmp_path, monkeypatch, use_pidfd) -> None:
+    """The supervisor's own copy of the gate continues a stopped member after SIGTERM, as the gate does."""
+    if not use_pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    saved = tmp_path / "saved"
+    proc = subprocess.Popen([sys.executable, "-c", SAVES_ON_SIGTERM, str(saved)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert int(proc.stdout.readline()) == proc.pid
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", what="T")
+        starttime = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        assert signal_identity(proc.pid, starttime, signal.SIGTERM) is True
+        assert proc.wait(timeout=10) == 0 and saved.read_text() == "saved"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
