@@ -71,10 +71,11 @@ class ActionModule(ActionBase):
                        result: dict[str, Any]) -> str | None:
         """Run relaunch_metrics on the target (check mode: it writes nothing); what went wrong, or None."""
         if not job:
-            return "needs job_name (the job label and the file name)"
+            return "needs job_name (the gpuops_job label and the file name)"
         answer = self._execute_module(
             module_name="gpuops.relaunch.relaunch_metrics",
-            module_args={"dir": directory, "job": job, "summary": summary, "gpus": summary.get("gpus") or []},
+            module_args={"dir": directory, "job": job, "host": task_vars["inventory_hostname"], "summary": summary,
+                         "gpus": summary.get("gpus") or []},
             task_vars=task_vars,
         )
         if answer.get("failed") or answer.get("unreachable") or "path" not in answer:

@@ -43,12 +43,21 @@ options:
     required: true
   job:
     description:
-      - The job's name, for the C(job) label and the file name. Characters other than letters, digits, C(.), C(_) and
+      - The job's name, for the C(gpuops_job) label and the file name. Characters other than letters, digits, C(.), C(_) and
         C(-) are each replaced by C(_) in the file name, and a hash of the whole name is appended, so that two jobs never
         share a file; the label keeps the name as it is.
       - At most 200 characters.
     type: str
     required: true
+  host:
+    description:
+      - The inventory hostname of the target, for the C(gpuops_host) label every series carries (node_exporter's
+        C(instance) is an address, not the name a relaunch is limited to). M(gpuops.relaunch.relaunch_summary) passes
+        C(inventory_hostname).
+      - At most 253 characters; the label keeps the name as it is.
+    type: str
+    required: true
+    version_added: 0.2.0
   summary:
     description:
       - >-
@@ -85,9 +94,9 @@ seealso:
     description: How node_exporter reads C(*.prom) files from a directory.
     link: https://github.com/prometheus/node_exporter#textfile-collector
 notes:
-  - The C(job) label is the training job's name. Prometheus sets a C(job) label of its own on every target; with the
-    default C(honor_labels=false) it keeps its own and renames this one C(exported_job). The rules in
-    C(extensions/prometheus/) work either way.
+  - Every series carries C(gpuops_job) (the training job's name) and C(gpuops_host) (the inventory hostname). Not
+    C(job): Prometheus sets a C(job) label of its own on every target and, with the default C(honor_labels=false),
+    renames a textfile's C(job) to C(exported_job).
 """
 
 EXAMPLES = r"""
@@ -95,6 +104,7 @@ EXAMPLES = r"""
   gpuops.relaunch.relaunch_metrics:
     dir: /var/lib/prometheus/node-exporter
     job: llm-pretrain
+    host: "{{ inventory_hostname }}"
     summary: "{{ relaunch_summary }}"
     gpus: "{{ relaunch_summary.gpus }}"
 
@@ -156,6 +166,7 @@ def main() -> None:
         argument_spec={
             "dir": {"type": "path", "required": True},
             "job": {"type": "str", "required": True},
+            "host": {"type": "str", "required": True},
             "summary": {"type": "dict", "required": True},
             "gpus": {"type": "list", "elements": "dict", "default": []},
         },
@@ -170,7 +181,8 @@ def main() -> None:
     except BadOption as exc:
         problems.append(exc)
     try:
-        families = job_metrics(params["job"], params["summary"], params["gpus"], round(time.time(), 3))
+        families = job_metrics(params["job"], params["summary"], params["gpus"], round(time.time(), 3),
+                               params["host"])
     except BadOption as exc:
         problems.append(exc)
     if problems:

@@ -30,6 +30,8 @@ PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 SUMMARY = "Summarize"
 # The goal of the relaunch-as-code issue: a no-op relaunch costs at most this many tasks per host.
 NOOP_TASKS = 8
+# The inventory hostname: every series names it (gpuops_host), as node_exporter's instance cannot.
+HOST = "localhost"
 
 
 @pytest.fixture(autouse=True)
@@ -101,20 +103,23 @@ def test_a_relaunch_writes_metrics_that_promtool_and_node_exporter_read(site):
         with node_exporter(site["textfiles"], site["dir"]) as exporter:
             samples = exporter.scrape_until(lambda s: "gpuops_job_health" in names(s), "the relaunch's metrics")
             assert sample(samples, "node_textfile_scrape_error") == 0
+            # Every series names the job and the inventory host with the collection's own labels.
+            ours = [dict(labels) for name, labels in samples if name.startswith("gpuops_")]
+            assert ours and all(l["gpuops_job"] == job and l["gpuops_host"] == HOST and "job" not in l for l in ours)
             for word in HEALTH_WORDS:
-                assert sample(samples, "gpuops_job_health", job=job, state=word) == (word == "missing")
+                assert sample(samples, "gpuops_job_health", gpuops_job=job, gpuops_host=HOST, state=word) == (word == "missing")
             for word in ACTION_WORDS:
-                assert sample(samples, "gpuops_relaunch_last_action", job=job, action=word) == (word == "relaunch")
-            assert sample(samples, "gpuops_relaunch_found", job=job, escalation=first["found"]) == 1
-            assert sample(samples, "gpuops_job_recent_relaunches", job=job) == first["relaunch_guard"]["recent"]
-            assert sample(samples, "gpuops_relaunch_gpu_released", job=job) == 1
-            assert sample(samples, "gpuops_relaunch_container_reset", job=job) == 0
+                assert sample(samples, "gpuops_relaunch_last_action", gpuops_job=job, gpuops_host=HOST, action=word) == (word == "relaunch")
+            assert sample(samples, "gpuops_relaunch_found", gpuops_job=job, gpuops_host=HOST, escalation=first["found"]) == 1
+            assert sample(samples, "gpuops_job_recent_relaunches", gpuops_job=job, gpuops_host=HOST) == first["relaunch_guard"]["recent"]
+            assert sample(samples, "gpuops_relaunch_gpu_released", gpuops_job=job, gpuops_host=HOST) == 1
+            assert sample(samples, "gpuops_relaunch_container_reset", gpuops_job=job, gpuops_host=HOST) == 0
             # The drain's last look, per GPU, as the summary has it.
             assert [g["index"] for g in first["gpus"]] == [0, 1]
             for entry in first["gpus"]:
-                assert sample(samples, "gpuops_gpu_memory_used_mib", job=job, gpu=str(entry["index"]),
+                assert sample(samples, "gpuops_gpu_memory_used_mib", gpuops_job=job, gpuops_host=HOST, gpu=str(entry["index"]),
                               uuid=entry["uuid"]) == entry["used_mib"]
-            written = sample(samples, "gpuops_relaunch_last_run_timestamp_seconds", job=job)
+            written = sample(samples, "gpuops_relaunch_last_run_timestamp_seconds", gpuops_job=job, gpuops_host=HOST)
             assert before <= written <= after
 
             # A symlink planted at the file's name, to a file of root's: the next run replaces the
@@ -135,12 +140,12 @@ def test_a_relaunch_writes_metrics_that_promtool_and_node_exporter_read(site):
             assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o644
 
             def newer(s):
-                stamp = sample(s, "gpuops_relaunch_last_run_timestamp_seconds", job=job)
+                stamp = sample(s, "gpuops_relaunch_last_run_timestamp_seconds", gpuops_job=job, gpuops_host=HOST)
                 return stamp is not None and stamp > written
             samples = exporter.scrape_until(newer, "the no-op run's metrics")
             assert sample(samples, "node_textfile_scrape_error") == 0
-            assert sample(samples, "gpuops_job_health", job=job, state="running") == 1
-            assert sample(samples, "gpuops_relaunch_last_action", job=job, action="none") == 1
+            assert sample(samples, "gpuops_job_health", gpuops_job=job, gpuops_host=HOST, state="running") == 1
+            assert sample(samples, "gpuops_relaunch_last_action", gpuops_job=job, gpuops_host=HOST, action="none") == 1
             # Nothing was looked at and nothing drained: left out, not guessed.
             assert not {"gpuops_relaunch_found", "gpuops_relaunch_gpu_released", "gpuops_gpu_memory_used_mib"} & names(samples)
         checked = check_metrics(path)
@@ -157,7 +162,7 @@ def test_job_names_that_need_escaping_cannot_break_the_file(tmp_path):
         "name": "metrics", "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars": {"ansible_python_interpreter": sys.executable},
         "tasks": [{"name": f"job {index}", "gpuops.relaunch.relaunch_metrics": {
-            "dir": str(textfiles), "job": job,
+            "dir": str(textfiles), "job": job, "host": "{{ inventory_hostname }}",
             "summary": {"health": {"state": "crashed"}, "action": "refused", "relaunch_guard": {"recent": 3}},
             "gpus": [{"index": 0, "uuid": "GPU-a", "used_mib": 12.5}]}} for index, job in enumerate(NASTY_JOBS)],
     }])
@@ -172,9 +177,9 @@ def test_job_names_that_need_escaping_cannot_break_the_file(tmp_path):
                                         "every job's metrics")
         assert sample(samples, "node_textfile_scrape_error") == 0
         for job in NASTY_JOBS:
-            assert sample(samples, "gpuops_job_health", job=job, state="crashed") == 1
-            assert sample(samples, "gpuops_relaunch_last_action", job=job, action="refused") == 1
-            assert sample(samples, "gpuops_gpu_memory_used_mib", job=job, gpu="0", uuid="GPU-a") == 12.5
+            assert sample(samples, "gpuops_job_health", gpuops_job=job, gpuops_host=HOST, state="crashed") == 1
+            assert sample(samples, "gpuops_relaunch_last_action", gpuops_job=job, gpuops_host=HOST, action="refused") == 1
+            assert sample(samples, "gpuops_gpu_memory_used_mib", gpuops_job=job, gpuops_host=HOST, gpu="0", uuid="GPU-a") == 12.5
 
 
 def summarize_play(metrics_dir: str, check: bool = False) -> list[dict]:

@@ -51,6 +51,12 @@ FILE_SUFFIX = ".prom"
 TIMESTAMP_METRIC = "gpuops_relaunch_last_run_timestamp_seconds"
 # A job name longer than this cannot be a file name (NAME_MAX is 255 bytes with the prefix and hash).
 MAX_JOB_NAME = 200
+# The labels every series of the collection carries. Not `job` and `instance`: Prometheus sets those
+# on every target itself and, with the default honor_labels: false, renames a textfile's `job` to
+# `exported_job`; `instance` is the node's address, not the inventory hostname a relaunch is limited to.
+JOB_LABEL = "gpuops_job"
+HOST_LABEL = "gpuops_host"
+MAX_HOST_NAME = 253
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # More than any file this module writes: an existing file larger than this is compared as changed.
 _MAX_READ = 1 << 20
@@ -129,23 +135,35 @@ def _epoch(value: Any) -> float | None:
     return moment.timestamp()
 
 
-def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]], now: float) -> list[Family]:
+def check_host(host: Any, option: str = "host") -> str:
+    """The inventory hostname for the gpuops_host label; BadOption naming `option` for an empty or overlong one."""
+    if not isinstance(host, str) or not host:
+        raise BadOption(option, "must be the inventory hostname (the gpuops_host label), not empty")
+    if len(host) > MAX_HOST_NAME:
+        raise BadOption(option, f"is {len(host)} characters long; at most {MAX_HOST_NAME}")
+    return host
+
+
+def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]], now: float,
+                host: str) -> list[Family]:
     """The metric families of one job on one host, from its relaunch summary and its GPUs' memory.
 
     `summary` is relaunch_summary's (health, relaunch_guard, action, failed, found, container_reset,
     gpu_released); a key that is missing is not known. `gpus` holds one mapping per GPU: ``index``
     and/or ``uuid``, and ``used_mib`` (or gpu_mem_wait's ``used_mib_after``). `now` is the run's time
-    (seconds since the epoch). BadOption (naming ``summary`` or ``gpus``) for a value of the wrong kind.
+    (seconds since the epoch); `host` the inventory hostname. Every sample is labelled
+    ``gpuops_job=JOB, gpuops_host=HOST``. BadOption (naming ``summary``, ``gpus`` or ``host``) for a
+    value of the wrong kind.
     """
     health = _mapping(summary.get("health"), "health")
     guard = _mapping(summary.get("relaunch_guard"), "relaunch_guard")
-    labels = {"job": job}
+    labels = {JOB_LABEL: job, HOST_LABEL: check_host(host)}
 
     state = health.get("state")
     health_family = Family("gpuops_job_health",
                            "1 for the health this run's probe saw (train_launch), 0 for the others; all 0 when it did not answer.")
     for word in HEALTH_WORDS:
-        health_family.add(1.0 if state == word else 0.0, job=job, state=word)
+        health_family.add(1.0 if state == word else 0.0, **labels, state=word)
 
     since = Family("gpuops_job_seconds_since_progress", "Seconds since the job's last progress line, when the probe looked.")
     since.add(_non_negative(_number(health.get("since_progress"), "health.since_progress")), **labels)
@@ -165,7 +183,7 @@ def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str
     action = "failed" if summary.get("failed") else str(summary.get("action") or "none")
     actions = Family("gpuops_relaunch_last_action", "1 for what this run did (none, relaunch, refused, failed), 0 for the others.")
     for word in ACTION_WORDS:
-        actions.add(1.0 if action == word else 0.0, job=job, action=word)
+        actions.add(1.0 if action == word else 0.0, **labels, action=word)
 
     found = summary.get("found")
     found_family = Family("gpuops_relaunch_found",
@@ -173,7 +191,7 @@ def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str
                           "only when the clean-up looked.")
     if found in ESCALATION_WORDS:
         for word in ESCALATION_WORDS:
-            found_family.add(1.0 if found == word else 0.0, job=job, escalation=word)
+            found_family.add(1.0 if found == word else 0.0, **labels, escalation=word)
 
     reset = Family("gpuops_relaunch_container_reset", "1 when this run rebooted the container, 0 when it did not.")
     if "container_reset" in summary:
@@ -185,7 +203,7 @@ def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str
 
     memory = Family("gpuops_gpu_memory_used_mib", "GPU memory used at the drain's last look, in MiB.")
     for gpu, uuid, used in _gpu_rows(gpus):
-        memory.add(used, job=job, gpu=gpu, uuid=uuid)
+        memory.add(used, **labels, gpu=gpu, uuid=uuid)
 
     return [health_family, since, progress_at, step, recent, limit, last_run, actions, found_family, reset, released,
             memory]

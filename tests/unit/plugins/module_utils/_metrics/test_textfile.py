@@ -22,6 +22,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import ACTION_WORDS as DECISION_ACTIONS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile import (
     ACTION_WORDS,
+    HOST_LABEL,
+    JOB_LABEL,
     TIMESTAMP_METRIC,
     Family,
     MetricsWriteError,
@@ -36,6 +38,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile 
 
 NOBODY = 65534
 NOW = 1767225600.5
+# An inventory hostname is any text: the label keeps it as it is.
+HOST = 'gpu-node-7 "a"\\b'
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)",?')
 
@@ -89,23 +93,23 @@ GPUS = [{"index": 1, "uuid": "GPU-b", "used_mib_after": 0.0}, {"index": 0, "uuid
 
 
 def test_every_metric_of_a_full_summary():
-    samples = parse(render(job_metrics("llm", summary(), GPUS, NOW)))
+    samples = parse(render(job_metrics("llm", summary(), GPUS, NOW, HOST)))
     for word in HEALTH_WORDS:
-        assert value(samples, "gpuops_job_health", job="llm", state=word) == (1 if word == "stalled" else 0)
-    assert value(samples, "gpuops_job_seconds_since_progress", job="llm") == 912.25
-    assert value(samples, "gpuops_job_last_progress_timestamp_seconds", job="llm") == 1767225600
-    assert value(samples, "gpuops_job_last_step", job="llm") == 1200
-    assert value(samples, "gpuops_job_recent_relaunches", job="llm") == 2
-    assert value(samples, "gpuops_job_relaunch_limit", job="llm") == 3
-    assert value(samples, TIMESTAMP_METRIC, job="llm") == NOW
+        assert value(samples, "gpuops_job_health", gpuops_host=HOST, gpuops_job="llm", state=word) == (1 if word == "stalled" else 0)
+    assert value(samples, "gpuops_job_seconds_since_progress", gpuops_host=HOST, gpuops_job="llm") == 912.25
+    assert value(samples, "gpuops_job_last_progress_timestamp_seconds", gpuops_host=HOST, gpuops_job="llm") == 1767225600
+    assert value(samples, "gpuops_job_last_step", gpuops_host=HOST, gpuops_job="llm") == 1200
+    assert value(samples, "gpuops_job_recent_relaunches", gpuops_host=HOST, gpuops_job="llm") == 2
+    assert value(samples, "gpuops_job_relaunch_limit", gpuops_host=HOST, gpuops_job="llm") == 3
+    assert value(samples, TIMESTAMP_METRIC, gpuops_host=HOST, gpuops_job="llm") == NOW
     for word in ACTION_WORDS:
-        assert value(samples, "gpuops_relaunch_last_action", job="llm", action=word) == (1 if word == "relaunch" else 0)
+        assert value(samples, "gpuops_relaunch_last_action", gpuops_host=HOST, gpuops_job="llm", action=word) == (1 if word == "relaunch" else 0)
     for word in ESCALATION_WORDS:
-        assert value(samples, "gpuops_relaunch_found", job="llm", escalation=word) == (1 if word == "container_reboot" else 0)
-    assert value(samples, "gpuops_relaunch_container_reset", job="llm") == 1
-    assert value(samples, "gpuops_relaunch_gpu_released", job="llm") == 1
-    assert value(samples, "gpuops_gpu_memory_used_mib", job="llm", gpu="0", uuid="GPU-a") == 40960.5
-    assert value(samples, "gpuops_gpu_memory_used_mib", job="llm", gpu="1", uuid="GPU-b") == 0
+        assert value(samples, "gpuops_relaunch_found", gpuops_host=HOST, gpuops_job="llm", escalation=word) == (1 if word == "container_reboot" else 0)
+    assert value(samples, "gpuops_relaunch_container_reset", gpuops_host=HOST, gpuops_job="llm") == 1
+    assert value(samples, "gpuops_relaunch_gpu_released", gpuops_host=HOST, gpuops_job="llm") == 1
+    assert value(samples, "gpuops_gpu_memory_used_mib", gpuops_host=HOST, gpuops_job="llm", gpu="0", uuid="GPU-a") == 40960.5
+    assert value(samples, "gpuops_gpu_memory_used_mib", gpuops_host=HOST, gpuops_job="llm", gpu="1", uuid="GPU-b") == 0
     assert len(samples) == 6 + 6 + 4 + 4 + 2 + 2
 
 
@@ -114,14 +118,14 @@ def test_the_actions_are_the_decisions_and_failed():
 
 
 def test_a_failed_step_is_the_action_failed_whatever_was_decided():
-    samples = parse(render(job_metrics("j", summary(action="relaunch", failed="Launch: boom"), [], NOW)))
-    assert value(samples, "gpuops_relaunch_last_action", job="j", action="failed") == 1
-    assert value(samples, "gpuops_relaunch_last_action", job="j", action="relaunch") == 0
+    samples = parse(render(job_metrics("j", summary(action="relaunch", failed="Launch: boom"), [], NOW, HOST)))
+    assert value(samples, "gpuops_relaunch_last_action", gpuops_host=HOST, gpuops_job="j", action="failed") == 1
+    assert value(samples, "gpuops_relaunch_last_action", gpuops_host=HOST, gpuops_job="j", action="relaunch") == 0
 
 
 def test_the_order_is_fixed_and_gpus_follow_their_index():
-    text = render(job_metrics("j", summary(), GPUS, NOW))
-    assert text == render(job_metrics("j", summary(), list(reversed(GPUS)), NOW))
+    text = render(job_metrics("j", summary(), GPUS, NOW, HOST))
+    assert text == render(job_metrics("j", summary(), list(reversed(GPUS)), NOW, HOST))
     names = [line.split(" ")[2] for line in text.splitlines() if line.startswith("# TYPE ")]
     assert names[0] == "gpuops_job_health" and names[-1] == "gpuops_gpu_memory_used_mib"
     gpu_lines = [line for line in text.splitlines() if line.startswith("gpuops_gpu_memory_used_mib{")]
@@ -130,11 +134,30 @@ def test_the_order_is_fixed_and_gpus_follow_their_index():
 
 @pytest.mark.parametrize("job", ['a"b', "a\nb", "a\\b", 'q"\\n"\n\\', "ünïcode ✓", "tab\tand\rcr", "}{,= "])
 def test_a_job_name_cannot_break_the_file(job):
-    text = render(job_metrics(job, summary(), GPUS, NOW))
+    text = render(job_metrics(job, summary(), GPUS, NOW, HOST))
     # One line per sample: a newline in the name is escaped, never written.
     samples = parse(text)
-    assert value(samples, "gpuops_job_health", job=job, state="stalled") == 1
-    assert {dict(labels)["job"] for _name, labels in samples} == {job}
+    assert value(samples, "gpuops_job_health", gpuops_host=HOST, gpuops_job=job, state="stalled") == 1
+    assert {dict(labels)["gpuops_job"] for _name, labels in samples} == {job}
+    assert {dict(labels)["gpuops_host"] for _name, labels in samples} == {HOST}
+
+
+def test_every_series_names_its_job_and_inventory_host_never_job_or_instance():
+    # Prometheus renames a textfile's `job` to `exported_job` and sets `instance` to an address: the
+    # rulebook limits a relaunch by these two labels, so every series carries both.
+    samples = parse(render(job_metrics("llm", summary(), GPUS, NOW, HOST)))
+    assert samples
+    for name, labels in samples:
+        keys = dict(labels)
+        assert keys[JOB_LABEL] == "llm" and keys[HOST_LABEL] == HOST, name
+        assert not {"job", "instance", "exported_job"} & set(keys), name
+
+
+@pytest.mark.parametrize("host, text", [("", "inventory hostname"), (None, "inventory hostname"), ("h" * 254, "at most 253")])
+def test_a_missing_or_overlong_host_names_its_option(host, text):
+    with pytest.raises(BadOption) as raised:
+        job_metrics("j", {}, [], NOW, host)
+    assert raised.value.option == "host" and text in raised.value.reason
 
 
 def test_escaping_follows_the_format():
@@ -148,11 +171,11 @@ def test_escaping_follows_the_format():
 def test_nan_and_infinity_are_never_written(bad):
     health = {"state": "running", "since_progress": bad, "last_step": bad}
     gpus = [{"index": 0, "used_mib": bad}]
-    text = render(job_metrics("j", summary(health=health, relaunch_guard={"recent": bad}), gpus, NOW))
+    text = render(job_metrics("j", summary(health=health, relaunch_guard={"recent": bad}), gpus, NOW, HOST))
     assert not re.search(r"(?i)nan|inf", text.replace("_info", ""))
     samples = parse(text)
     for name in ("gpuops_job_seconds_since_progress", "gpuops_job_last_step", "gpuops_job_recent_relaunches"):
-        assert value(samples, name, job="j") is None
+        assert value(samples, name, gpuops_host=HOST, gpuops_job="j") is None
     assert not any(name == "gpuops_gpu_memory_used_mib" for name, _labels in samples)
     family = Family("x", "h")
     family.add(math.nan)
@@ -160,23 +183,23 @@ def test_nan_and_infinity_are_never_written(bad):
 
 
 def test_missing_data_is_left_out_not_guessed():
-    samples = parse(render(job_metrics("j", {}, [], NOW)))
+    samples = parse(render(job_metrics("j", {}, [], NOW, HOST)))
     names = {name for name, _labels in samples}
     assert names == {"gpuops_job_health", TIMESTAMP_METRIC, "gpuops_relaunch_last_action"}
     # No state seen: every health state is 0; nothing decided: the action is none.
     assert all(v == 0 for (name, _labels), v in samples.items() if name == "gpuops_job_health")
-    assert value(samples, "gpuops_relaunch_last_action", job="j", action="none") == 1
+    assert value(samples, "gpuops_relaunch_last_action", gpuops_host=HOST, gpuops_job="j", action="none") == 1
 
 
 def test_a_noop_run_has_no_found_no_drain_and_no_gpus():
     noop = summary(action="none", found="not looked: nothing was relaunched", container_reset=False, gpu_released=None,
                    health={"state": "running", "since_progress": None, "last_step": "step seven", "last_progress_at": None})
-    samples = parse(render(job_metrics("j", noop, [], NOW)))
+    samples = parse(render(job_metrics("j", noop, [], NOW, HOST)))
     names = {name for name, _labels in samples}
     assert "gpuops_relaunch_found" not in names and "gpuops_relaunch_gpu_released" not in names
     assert "gpuops_job_last_step" not in names  # a step that is not a number
     assert "gpuops_job_seconds_since_progress" not in names
-    assert value(samples, "gpuops_relaunch_container_reset", job="j") == 0
+    assert value(samples, "gpuops_relaunch_container_reset", gpuops_host=HOST, gpuops_job="j") == 0
 
 
 @pytest.mark.parametrize("at, expect", [
@@ -185,8 +208,8 @@ def test_a_noop_run_has_no_found_no_drain_and_no_gpus():
 ])
 def test_the_last_progress_time_needs_its_offset(at, expect):
     health = {"state": "running", "last_progress_at": at}
-    samples = parse(render(job_metrics("j", summary(health=health), [], NOW)))
-    assert value(samples, "gpuops_job_last_progress_timestamp_seconds", job="j") == expect
+    samples = parse(render(job_metrics("j", summary(health=health), [], NOW, HOST)))
+    assert value(samples, "gpuops_job_last_progress_timestamp_seconds", gpuops_host=HOST, gpuops_job="j") == expect
 
 
 @pytest.mark.parametrize("data, gpus, option, text", [
@@ -204,13 +227,13 @@ def test_the_last_progress_time_needs_its_offset(at, expect):
 ])
 def test_bad_input_names_its_option(data, gpus, option, text):
     with pytest.raises(BadOption) as raised:
-        job_metrics("j", data, gpus, NOW)
+        job_metrics("j", data, gpus, NOW, HOST)
     assert raised.value.option == option and text in raised.value.reason
 
 
 def test_a_gpu_without_index_is_labelled_by_its_uuid():
-    samples = parse(render(job_metrics("j", {}, [{"uuid": "GPU-x", "used_mib": 5}], NOW)))
-    assert value(samples, "gpuops_gpu_memory_used_mib", job="j", gpu="GPU-x", uuid="GPU-x") == 5
+    samples = parse(render(job_metrics("j", {}, [{"uuid": "GPU-x", "used_mib": 5}], NOW, HOST)))
+    assert value(samples, "gpuops_gpu_memory_used_mib", gpuops_host=HOST, gpuops_job="j", gpu="GPU-x", uuid="GPU-x") == 5
 
 
 @pytest.mark.parametrize("number, text", [(1.0, "1"), (0.0, "0"), (912.25, "912.25"), (1767225600.123, "1767225600.123"),
@@ -246,10 +269,10 @@ def test_a_job_name_that_cannot_be_a_file_name_is_refused(job, text):
 
 @pytest.mark.parametrize("job", ["j", "cr\rin the name"])
 def test_changed_looks_past_the_timestamp(job):
-    first = render(job_metrics(job, summary(), GPUS, NOW))
-    later = render(job_metrics(job, summary(), GPUS, NOW + 600))
+    first = render(job_metrics(job, summary(), GPUS, NOW, HOST))
+    later = render(job_metrics(job, summary(), GPUS, NOW + 600, HOST))
     assert first != later and comparable(first) == comparable(later)
-    other = render(job_metrics(job, summary(action="none"), GPUS, NOW))
+    other = render(job_metrics(job, summary(action="none"), GPUS, NOW, HOST))
     assert comparable(first) != comparable(other)
 
 
@@ -270,17 +293,17 @@ def textdir_fixture() -> Iterator[Path]:
 
 
 def test_writes_the_file_whole_with_mode_0644(textdir):
-    text = render(job_metrics("j", summary(), GPUS, NOW))
+    text = render(job_metrics("j", summary(), GPUS, NOW, HOST))
     written = write_textfile(str(textdir), "gpuops_relaunch_j.prom", text)
     path = textdir / "gpuops_relaunch_j.prom"
     assert written.path == str(path) and written.written and written.changed and written.before is None
     assert path.read_text(encoding="utf-8") == text
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert sorted(os.listdir(textdir)) == ["gpuops_relaunch_j.prom"]  # no temporary file left
-    again = write_textfile(str(textdir), "gpuops_relaunch_j.prom", render(job_metrics("j", summary(), GPUS, NOW + 60)))
+    again = write_textfile(str(textdir), "gpuops_relaunch_j.prom", render(job_metrics("j", summary(), GPUS, NOW + 60, HOST)))
     assert again.written and not again.changed and again.before == text
     assert str(NOW + 60) in path.read_text(encoding="utf-8")
-    other = write_textfile(str(textdir), "gpuops_relaunch_j.prom", render(job_metrics("j", summary(action="none"), [], NOW)))
+    other = write_textfile(str(textdir), "gpuops_relaunch_j.prom", render(job_metrics("j", summary(action="none"), [], NOW, HOST)))
     assert other.changed
 
 
@@ -294,11 +317,11 @@ def test_the_umask_does_not_take_the_read_bits(textdir):
 
 
 def test_check_mode_writes_nothing_and_says_whether_it_would_change(textdir):
-    text = render(job_metrics("j", summary(), GPUS, NOW))
+    text = render(job_metrics("j", summary(), GPUS, NOW, HOST))
     would = write_textfile(str(textdir), "m.prom", text, check_mode=True)
     assert would.changed and not would.written and list(textdir.iterdir()) == []
     write_textfile(str(textdir), "m.prom", text)
-    same = write_textfile(str(textdir), "m.prom", render(job_metrics("j", summary(), GPUS, NOW + 1)), check_mode=True)
+    same = write_textfile(str(textdir), "m.prom", render(job_metrics("j", summary(), GPUS, NOW + 1, HOST)), check_mode=True)
     assert not same.changed and not same.written
     assert (textdir / "m.prom").read_text(encoding="utf-8") == text
 
@@ -350,6 +373,6 @@ def test_a_directory_reached_through_a_link_another_user_can_change_is_refused(t
 
 def test_every_metric_the_alert_rules_read_is_one_that_is_written():
     rules = Path(__file__).resolve().parents[5] / "extensions" / "prometheus" / "rules" / "gpuops.rules.yml"
-    read = set(re.findall(r"\bgpuops_[a-z_]+\b", rules.read_text(encoding="utf-8")))
-    written = {family.name for family in job_metrics("j", {}, [], NOW)}
+    read = set(re.findall(r"\bgpuops_[a-z_]+\b", rules.read_text(encoding="utf-8"))) - {JOB_LABEL, HOST_LABEL}
+    written = {family.name for family in job_metrics("j", {}, [], NOW, HOST)}
     assert read and read <= written, sorted(read - written)
