@@ -8,7 +8,7 @@ BIN       := $(CURDIR)/$(VENV)/bin
 BUILD     := .build
 COLL_LINK := $(BUILD)/collections/ansible_collections/gpuops/relaunch
 SANITY    := $(BUILD)/sanity/ansible_collections/gpuops/relaunch
-APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev
+APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev openjdk-17-jre-headless
 PROM      := $(BUILD)/prometheus
 PROMTOOL  := $(PROM)/usr/bin/promtool
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -19,9 +19,11 @@ export PATH := $(BIN):$(PATH)
 setup: apt venv collection
 
 # apt packages the tests use: real LXC containers, a real sshd for the pct_remote path,
-# debootstrap for the systemd container.
+# debootstrap for the systemd container, Java 17 for ansible-rulebook's rule engine (drools_jpy).
+# The stamp is older than the Makefile when APT_PKGS changed: the check below runs again (it installs
+# only what is missing).
 apt: $(BUILD)/apt.stamp
-$(BUILD)/apt.stamp:
+$(BUILD)/apt.stamp: Makefile
 	@mkdir -p $(BUILD)
 	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -39,18 +41,29 @@ $(VENV)/.installed: requirements/controller.txt requirements/test.txt requiremen
 	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/test.txt
 	@touch $@
 
-# Debian's prometheus (for promtool) and prometheus-node-exporter, unpacked under .build/prometheus
-# (usr/bin/promtool, usr/bin/prometheus-node-exporter) with dpkg-deb -x: no maintainer script runs,
-# nothing is installed system-wide and no daemon starts. rules-test and the metrics tests use them.
-prometheus-tools: $(PROM)/.stamp
-$(PROM)/.stamp:
+# Debian's prometheus (promtool and the server), prometheus-node-exporter and prometheus-alertmanager,
+# unpacked under .build/prometheus (usr/bin/promtool, usr/bin/prometheus, usr/bin/prometheus-node-exporter,
+# usr/bin/prometheus-alertmanager) with dpkg-deb -x: no maintainer script runs and no daemon starts.
+# rules-test, the metrics tests and the event chain's test use them. One file goes system-wide: Debian's
+# Alertmanager reads its notification templates from /usr/share/prometheus/alertmanager only (a path
+# built into the binary) and will not start without them; they are put there where they are missing.
+PROM_DEBS := prometheus prometheus-node-exporter prometheus-alertmanager
+# The stamp's name lists the packages: a checkout unpacked before PROM_DEBS changed unpacks again.
+empty :=
+space := $(empty) $(empty)
+PROM_STAMP := $(PROM)/.stamp-$(subst $(space),+,$(strip $(PROM_DEBS)))
+prometheus-tools: $(PROM_STAMP)
+$(PROM_STAMP):
 	rm -rf $(PROM) && mkdir -p $(PROM)/debs
 	@# apt-get download as root warns that _apt cannot write the folder; the download is the same.
-	cd $(PROM)/debs && { apt-get download -qq prometheus prometheus-node-exporter 2>/dev/null \
-	  || { apt-get update -qq && apt-get download -qq prometheus prometheus-node-exporter; }; }
+	cd $(PROM)/debs && { apt-get download -qq $(PROM_DEBS) 2>/dev/null \
+	  || { apt-get update -qq && apt-get download -qq $(PROM_DEBS); }; }
 	for deb in $(PROM)/debs/*.deb; do dpkg-deb -x "$$deb" $(PROM); done
 	rm -rf $(PROM)/debs
+	for tmpl in default.tmpl email.tmpl; do test -e /usr/share/prometheus/alertmanager/$$tmpl \
+	  || install -D -m 0644 $(PROM)/usr/share/prometheus/alertmanager/$$tmpl /usr/share/prometheus/alertmanager/$$tmpl; done
 	$(PROMTOOL) --version >/dev/null && $(PROM)/usr/bin/prometheus-node-exporter --version >/dev/null 2>&1
+	$(PROM)/usr/bin/prometheus --version >/dev/null 2>&1 && $(PROM)/usr/bin/prometheus-alertmanager --version >/dev/null 2>&1
 	@touch $@
 
 # Ansible finds this checkout as gpuops.relaunch through ansible.cfg's collections_path.
