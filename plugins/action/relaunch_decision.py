@@ -18,6 +18,9 @@ ARGUMENT_SPEC = {
     "force": {"type": "bool", "default": False},
     "ranks": {"type": "raw"},
     "probe_var": {"type": "str", "default": "relaunch_probe"},
+    "job_name": {"type": "str"},
+    "alerted_job": {"type": "str"},
+    "alerted_host": {"type": "str"},
 }
 
 
@@ -50,7 +53,10 @@ class ActionModule(ActionBase):
                 rank_probes = {name: _var(hostvars, name, args["probe_var"]) for name in rank.ranks}
         except RelaunchInputError as exc:
             return dict(result, failed=True, msg=str(exc))
-        decision = decide(args["probe"], rank, rank_probes)
+        if args["alerted_job"] and not args["job_name"]:
+            return dict(result, failed=True, msg="job_name is required with alerted_job: the decision compares them")
+        decision = decide(args["probe"], rank, rank_probes, alerted_job=args["alerted_job"], job_name=args["job_name"],
+                          alerted_host=args["alerted_host"], host=host)
         # The rank is set either way (null: a job of one host), so that no step reads the one an
         # earlier include of the role, for another job, left in the facts.
         rank_facts = rank.as_dict() if rank is not None else None

@@ -24,6 +24,9 @@ description:
     host's C(job_launch_ranks) in C(hostvars) (set as a play, role or task variable: the other ranks cannot read it),
     or when rank 0's C(job_launch_master_port) is not a port from 1 to 65535.
   - >-
+    With O(alerted_job) or O(alerted_host) (an event-driven relaunch) that is not this host's job (O(job_name)) or
+    this host, decides V(none) and says so: nothing is stopped or launched for an alert about another job or host.
+  - >-
     Sets the facts C(relaunch_decision) and C(relaunch_rank) (null for a job of one host), both on every run, so that
     nothing reads what an earlier include of the role, for another job, left.
 author:
@@ -50,6 +53,24 @@ options:
     description: The name under which every host registered its probe.
     type: str
     default: relaunch_probe
+  job_name:
+    description:
+      - This host's job (C(job_launch_name)), compared with O(alerted_job). Required with O(alerted_job).
+    type: str
+  alerted_job:
+    description:
+      - The job an event named (C(relaunch_alerted_job): the event-driven relaunch passes the alert's C(gpuops_job)).
+      - When it is set and is not O(job_name), the decision is V(none) whatever the probe found, and its C(why) says
+        which job the alert named and which job the host runs.
+      - Unset or empty, the probe's decision stands (a watchdog run).
+    type: str
+  alerted_host:
+    description:
+      - The inventory host an event named (C(relaunch_alerted_host): the event-driven relaunch passes the alert's
+        C(gpuops_host)).
+      - When it is set and is not this host's C(inventory_hostname) (a group or a pattern in the label reached more
+        hosts than it named), the decision is V(none) and its C(why) says so.
+    type: str
 attributes:
   action:
     description: Runs on the controller as an action plugin; nothing runs on the target.
@@ -71,6 +92,9 @@ EXAMPLES = r"""
     probe: "{{ relaunch_probe }}"
     force: "{{ relaunch_force | bool }}"
     ranks: "{{ job_launch_ranks | default(none) }}"
+    job_name: "{{ job_launch_name }}"
+    alerted_job: "{{ relaunch_alerted_job | default(omit, true) }}"
+    alerted_host: "{{ relaunch_alerted_host | default(omit, true) }}"
 """
 
 RETURN = r"""

@@ -150,9 +150,18 @@ def check_force(force: bool, forced_hosts: int, play_hosts: int, hosts_named: bo
 
 
 def decide(probe: Mapping[str, Any], rank: Rank | None = None,
-           rank_probes: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, Any]:
+           rank_probes: Mapping[str, Mapping[str, Any] | None] | None = None,
+           alerted_job: str | None = None, job_name: str | None = None,
+           alerted_host: str | None = None, host: str | None = None) -> dict[str, Any]:
     """Relaunch this host or not: train_launch's probe `decision` (its health, spec, guard and force),
     and for a rank of a multi-rank job, its whole job's.
+
+    `alerted_job`, `alerted_host`: the job and inventory host an event named (relaunch_alerted_job,
+    relaunch_alerted_host, set by the event-driven relaunch). When the job is not this host's
+    (`job_name`, job_launch_name), nothing is done, whatever the probe found: the alert came from a job
+    this inventory no longer runs there (renamed, or a stale textfile), and relaunching the host's own
+    job for it would restart a job nobody said failed. When the host is not this one (`host`), nothing
+    is done either: a group or a pattern in the alert's host label reached more hosts than it named.
 
     One rank that must be relaunched (or that the guard refuses) means every rank must: the others
     would wait at a rendezvous that never completes. A rank whose probe did not answer does not count
@@ -160,6 +169,15 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
     the launch keeps every other rank from launching without it. When one rank failed (crashed,
     stalled, missing) every rank resumes: the ranks restart together from one checkpoint.
     """
+    not_for_this = None
+    if alerted_host not in (None, "") and alerted_host != host:
+        not_for_this = f"the alert names the host {_quoted(alerted_host)}, not this one ({_quoted(host)})"
+    elif alerted_job not in (None, "") and alerted_job != job_name:
+        not_for_this = (f"the alert names the job {_quoted(alerted_job)}, but this host's job (job_launch_name) is "
+                        f"{_quoted(job_name)}")
+    if not_for_this:
+        return {"action": NONE, "relaunch": False, "resume": False, "resume_mode": None, "stop": False,
+                "wanted_by": [], "why": f"{not_for_this}: nothing is done"}
     own = dict(probe.get("decision") or {})
     decision = {
         "action": own.get("action", NONE),
@@ -187,6 +205,11 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
     if failed and decision["relaunch"]:
         decision.update(resume=True, resume_mode="always")
     return decision
+
+
+def _quoted(value: Any) -> str:
+    """What an event said (a label from a textfile, a webhook post), quoted and with control characters visible."""
+    return escape_controls(repr(str(value)))
 
 
 FAILED_HEALTH = frozenset(state.value for state in Health if state.failed)

@@ -36,6 +36,44 @@ def test_the_stop_runs_only_when_something_of_the_job_runs():
     assert decide(dict(probe("relaunch", "running"), running=True))["stop"] is True
 
 
+def test_an_alert_for_this_hosts_job_leaves_the_decision_to_the_probe():
+    crashed = probe("relaunch", "crashed", "the job is crashed: exit 1", True)
+    assert decide(crashed, alerted_job="llm", job_name="llm") == decide(crashed)
+    # No alert (a watchdog run): "" is how ansible-core before 2.19 renders an unset one.
+    assert decide(crashed, alerted_job="", job_name="llm") == decide(crashed)
+    # A late or duplicate alert: the probe finds the job running, so nothing happens either way.
+    assert decide(probe(), alerted_job="llm", job_name="llm")["action"] == "none"
+
+
+@pytest.mark.parametrize("action", ["relaunch", "refused"])
+def test_an_alert_for_another_job_does_nothing_and_says_so(action):
+    """The host's inventory job is not the one the alert named (renamed, or a stale textfile): nothing is
+    stopped or launched, and the crash-loop guard is not asked either."""
+    decision = decide(probe(action, "crashed", resume=True), alerted_job="old-llm", job_name="llm")
+    assert decision == {"action": "none", "relaunch": False, "resume": False, "resume_mode": None, "stop": False,
+                        "wanted_by": [], "why": decision["why"]}
+    assert decision["why"] == ("the alert names the job 'old-llm', but this host's job (job_launch_name) is 'llm': "
+                               "nothing is done")
+    # A rank of a multi-rank job: the other ranks' wishes do not make it relaunch for another job's alert.
+    probes = {"a": probe(), "b": probe("relaunch", "stalled"), "c": probe()}
+    assert decide(probes["a"], RANKS, probes, alerted_job="old-llm", job_name="llm")["relaunch"] is False
+
+
+def test_an_alert_for_another_host_does_nothing_on_this_one():
+    """The limit reached this host although the alert named another (a group or a pattern such as 'all' in the
+    alert's gpuops_host): only the named host may act on its alert."""
+    crashed = probe("relaunch", "crashed")
+    assert decide(crashed, alerted_host="gpu1", host="gpu1", alerted_job="llm", job_name="llm") == decide(crashed)
+    other = decide(crashed, alerted_host="all", host="gpu1", alerted_job="llm", job_name="llm")
+    assert other["action"] == "none" and other["relaunch"] is False and other["stop"] is False
+    assert other["why"] == "the alert names the host 'all', not this one ('gpu1'): nothing is done"
+
+
+def test_the_alerted_job_is_quoted_with_its_control_characters_escaped():
+    why = decide(probe("relaunch", "crashed"), alerted_job="x\x1b]0;owned\x07\n", job_name="llm")["why"]
+    assert "\x1b" not in why and "\n" not in why and "\\x1b" in why
+
+
 def test_one_rank_that_must_relaunch_relaunches_every_rank_and_all_resume_after_a_failure():
     probes = {"a": probe(), "b": probe("relaunch", "stalled"), "c": probe()}
     decision = decide(probes["a"], RANKS, probes)
