@@ -59,14 +59,14 @@ options:
     type: str
   alerted_job:
     description:
-      - The job an event named (C(relaunch_alerted_job): the event-driven relaunch passes the alert's C(gpuops_job)).
+      - The job an event named (C(relaunch_alerted_job), where the event-driven relaunch passes the alert's C(gpuops_job)).
       - When it is set and is not O(job_name), the decision is V(none) whatever the probe found, and its C(why) says
         which job the alert named and which job the host runs.
       - Unset or empty, the probe's decision stands (a watchdog run).
     type: str
   alerted_host:
     description:
-      - The inventory host an event named (C(relaunch_alerted_host): the event-driven relaunch passes the alert's
+      - The inventory host an event named (C(relaunch_alerted_host), where the event-driven relaunch passes the alert's
         C(gpuops_host)).
       - When it is set and is not this host's C(inventory_hostname) (a group or a pattern in the label reached more
         hosts than it named), the decision is V(none) and its C(why) says so.
