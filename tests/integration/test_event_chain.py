@@ -1,0 +1,128 @@
+"""The event-driven relaunch as one real chain: the failure itself is the trigger, no Ansible poll.
+
+node (the job's live textfile) -> node_exporter (textfile collector) -> Prometheus (the shipped rules,
+GpuopsJobFailed) -> Alertmanager (the shipped route, extensions/eda/alertmanager.yml) -> ansible-rulebook
+(the shipped rulebook, extensions/eda/rulebooks/relaunch_on_alert.yml) -> playbooks/relaunch.yml limited to
+the alerted host. Every part is real (Debian's binaries unpacked by `make prometheus-tools`,
+ansible-rulebook from requirements/test.txt, Java 17 from APT_PKGS) and on loopback, with intervals of a
+second; they start once for the whole file (module fixture, tests/harness/event_chain.py), and the
+cases run in this order.
+
+The hosts are two inventory names for one PID namespace whose init never reaps (nsenter connection):
+every signal stays inside it. gpu1 runs a healthy job, gpu2 a job that crashes two steps after each
+start. Each relaunch case prints its failure-to-running latency, split into detection (the failure ->
+the rulebook received the alert) and relaunch (received -> the relaunch proved the new run started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.harness.event_chain import Chain, event_chain, relaunched_through_the_chain
+from tests.harness.procstates import wait_until
+from tests.harness.rulebook import received_at
+
+pytestmark = pytest.mark.slow
+
+# The rulebook's throttle window (rulebooks/relaunch_on_alert.yml: once_within).
+THROTTLE_S = 10
+# Failure -> running, the issue's goal on this 2-core machine with 1 s scrape and evaluation intervals.
+GOAL_S = 30
+
+
+@pytest.fixture(name="chain", scope="module")
+def chain_fixture(tmp_path_factory) -> Iterator[Chain]:
+    with event_chain(tmp_path_factory.mktemp("chain")) as chain:
+        yield chain
+
+
+def relaunched(chain: Chain, host: str, failed_at: float, before: tuple[int, int] | None, old: dict[str, Any],
+               runs: int, what: str) -> dict[str, Any]:
+    """The chain's relaunch after a failure: proven started, in at most GOAL_S, its latency printed."""
+    summary, detection, relaunch = relaunched_through_the_chain(chain, host, failed_at, before, old, runs)
+    total = detection + relaunch
+    print(f"\n{what}: failure -> running {total:.1f}s (detection {detection:.1f}s, relaunch {relaunch:.1f}s)")
+    assert total <= GOAL_S, f"{what}: {total:.1f}s, more than the goal of {GOAL_S}s"
+    return summary
+
+
+def test_a_killed_job_is_relaunched_by_the_chain(chain: Chain) -> None:
+    old, before, runs = chain.run_record("gpu1"), chain.summary_stamp("gpu1"), len(chain.rulebook.recaps())
+    target = chain.job_host_pid("gpu1")
+    failed_at = time.time()
+    os.kill(target, signal.SIGKILL)  # the job's main process, inside the namespace, just looked up
+    summary = relaunched(chain, "gpu1", failed_at, before, old, runs, "kill -9")
+    assert summary["health"]["state"] == "crashed" and summary["health"]["exit_signal"] == "SIGKILL"
+    wait_until(lambda: chain.health_in_prometheus("gpu1") == "running", timeout=20, what="gpu1 running again")
+
+
+def test_a_stopped_job_is_stalled_and_relaunched_by_the_chain(chain: Chain) -> None:
+    old, before, runs = chain.run_record("gpu1"), chain.summary_stamp("gpu1"), len(chain.rulebook.recaps())
+    target = chain.job_host_pid("gpu1")
+    failed_at = time.time()
+    os.kill(target, signal.SIGSTOP)  # held still: alive, no progress
+    summary = relaunched(chain, "gpu1", failed_at, before, old, runs, "SIGSTOP (stalled)")
+    assert summary["health"]["state"] == "stalled", summary["health"]
+    assert "stopped by a signal" in summary["health"]["reason"]
+    wait_until(lambda: chain.health_in_prometheus("gpu1") == "running", timeout=20, what="gpu1 running again")
+
+
+def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_nothing(chain: Chain) -> None:
+    [*_, last] = chain.events_for("gpu1", 0)
+    old = chain.run_record("gpu1")
+    runs = len(chain.rulebook.recaps())
+    # Past the throttle window of the last alert, so that the rulebook runs the relaunch for the duplicate.
+    wait_until(lambda: time.time() - received_at(last) > THROTTLE_S + 0.5, timeout=THROTTLE_S + 5,
+               what="the throttle window to pass", interval=0.2)
+    before = chain.summary_stamp("gpu1")
+    # The same Alertmanager payload twice at once (a burst), then one that names another job.
+    assert chain.rulebook.post(last["payload"]) == 200
+    assert chain.rulebook.post(last["payload"]) == 200
+    other = json.loads(json.dumps(last["payload"]))
+    other["groupLabels"]["gpuops_job"] = other["commonLabels"]["gpuops_job"] = "renamed-away"
+    assert chain.rulebook.post(other) == 200
+
+    duplicate, _seen = chain.next_summary("gpu1", before)
+    assert duplicate["status"] == "unchanged" and duplicate["action"] == "none", duplicate
+    assert chain.run_record("gpu1")["run_id"] == old["run_id"]
+    # The burst made one run; the host's lock ran the other job's alert after it: two runs, in order.
+    recaps = chain.recaps_after(runs, 2)
+    assert [recap["gpu1"]["changed"] for recap in recaps] == [0, 0], recaps
+    # The last run's summary: the other job's alert.
+    elsewhere = json.loads(chain.summary_path("gpu1").read_text(encoding="utf-8"))
+    assert elsewhere["action"] == "none" and elsewhere["status"] == "unchanged"
+    assert elsewhere["why"] == ("the alert names the job 'renamed-away', but this host's job (job_launch_name) is "
+                                "'train': nothing is done")
+    assert chain.run_record("gpu1")["run_id"] == old["run_id"]
+
+
+def test_a_crash_loop_is_refused_alerts_and_is_not_retried(chain: Chain) -> None:
+    started = chain.launch("gpu2")
+    assert started["relaunched"] is True
+    old, before, runs = chain.run_record("gpu2"), chain.summary_stamp("gpu2"), len(chain.rulebook.recaps())
+    # The job crashes two steps after its start (exit 3): the chain relaunches it once (max_relaunches=1)...
+    crashed_at = wait_until(lambda: chain.exit_time("gpu2"), timeout=30, what="gpu2's crash")
+    relaunched(chain, "gpu2", crashed_at, before, old, runs, "crash (exit 3)")
+    # ... it crashes again, and the crash-loop guard refuses: nothing is stopped or started.
+    refused, _seen = chain.next_summary("gpu2", chain.summary_stamp("gpu2"))
+    assert refused["status"] == "refused" and refused["relaunched"] is False, refused
+    [recap] = chain.recaps_after(runs + 1)
+    assert recap["gpu2"]["failed"] == 1 and recap["gpu2"]["changed"] == 0, recap
+    wait_until(lambda: chain.firing("GpuopsCrashLoopRefused", "gpu2"), timeout=20, what="GpuopsCrashLoopRefused")
+    wait_until(lambda: not chain.firing("GpuopsJobFailed", "gpu2"), timeout=20, what="GpuopsJobFailed to end")
+    wait_until(lambda: not chain.active_in_alertmanager("GpuopsJobFailed", "gpu2"), timeout=20,
+               what="Alertmanager to drop GpuopsJobFailed for gpu2")
+    runs = len(chain.rulebook.recaps())
+    refused_at = time.time()
+    record = chain.run_record("gpu2")
+    # No more relaunches: over a few evaluation intervals, no alert reaches the rulebook and nothing runs.
+    time.sleep(3)
+    assert chain.events_for("gpu2", refused_at) == [] and len(chain.rulebook.recaps()) == runs
+    assert chain.run_record("gpu2") == record
