@@ -129,11 +129,12 @@ CHECKS := sanity lint docs-lint rules-test molecule matrix
 test: setup prometheus-tools
 	$(MAKE) --no-print-directory -j2 --output-sync=target pytest $(CHECKS)
 
-bench: setup
+bench: setup prometheus-tools
 	$(PY) bench/scan_vs_ps.py
 	$(PY) bench/gpu_wait_latency.py
 	$(PY) bench/fleet_relaunch.py
 	$(PY) bench/pct_connection.py
+	$(PY) bench/event_chain_latency.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)
