@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,8 +27,11 @@ from typing import Any
 import pytest
 
 from tests.harness.event_chain import Chain, event_chain, relaunched_through_the_chain
+from tests.harness.playbook import REPO
 from tests.harness.procstates import wait_until
-from tests.harness.rulebook import received_at
+from tests.harness.prometheus import free_port
+from tests.harness.rulebook import RULEBOOK, received_at
+from tests.harness.rulebook import require as require_rulebook
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +130,20 @@ def test_a_crash_loop_is_refused_alerts_and_is_not_retried(chain: Chain) -> None
     time.sleep(3)
     assert chain.events_for("gpu2", refused_at) == [] and len(chain.rulebook.recaps()) == runs
     assert chain.run_record("gpu2") == record
+
+
+def test_the_rulebook_will_not_listen_without_a_token(tmp_path) -> None:
+    """Whoever can post to the webhook can ask for relaunches: an unset gpuops_eda_webhook_token stops the
+    rulebook before it listens (a wrong token is answered 401: the harness waits for that answer)."""
+    home = require_rulebook()
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("gpu1 ansible_connection=local\n", encoding="utf-8")
+    variables = tmp_path / "vars.json"
+    variables.write_text(json.dumps({"gpuops_eda_webhook_port": free_port()}), encoding="utf-8")
+    env = dict(os.environ, JAVA_HOME=str(home), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               PATH=f"{RULEBOOK.parent}:{os.environ.get('PATH', '')}")
+    ended = subprocess.run([str(RULEBOOK), "-r", "gpuops.relaunch.relaunch_on_alert", "-i", str(inventory),
+                            "--vars", str(variables)], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert ended.returncode != 0, ended.stdout[-2000:]
+    assert "gpuops_eda_webhook_token' is undefined" in ended.stdout + ended.stderr
