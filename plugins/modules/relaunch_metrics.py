@@ -62,9 +62,12 @@ options:
     description:
       - >-
         The host's relaunch summary (M(gpuops.relaunch.relaunch_summary)'s RV(gpuops.relaunch.relaunch_summary#module:summary)),
-        C(health) (C(state), C(since_progress), C(last_progress_at), C(last_step)), C(relaunch_guard) (C(recent),
-        C(max_relaunches)), C(action), C(failed), C(found), C(container_reset), C(gpu_released). A key that is missing
-        is not known, and its metric is left out.
+        C(health) (C(state), C(since_progress), C(last_progress_at), C(last_step): what the probe saw before the run
+        acted, C(gpuops_relaunch_probe_health)), C(after) (C(state), C(recent_relaunches): the job after the action,
+        for C(gpuops_job_health) and C(gpuops_job_recent_relaunches); without it, the probe's), C(live_metrics) (the
+        job's live file: when set, the job's health series are that file's and left out here), C(relaunch_guard)
+        (C(recent), C(max_relaunches)), C(relaunched), C(action), C(failed), C(found), C(container_reset),
+        C(gpu_released). A key that is missing is not known, and its metric is left out.
     type: dict
     required: true
   gpus:
@@ -94,6 +97,10 @@ seealso:
     description: How node_exporter reads C(*.prom) files from a directory.
     link: https://github.com/prometheus/node_exporter#textfile-collector
 notes:
+  - When the job keeps a live file (M(gpuops.relaunch.train_launch)'s O(gpuops.relaunch.train_launch#module:metrics_dir),
+    C(DIR/gpuops_job_JOB.prom)), that file owns the job's health series (C(gpuops_job_health),
+    C(gpuops_job_seconds_since_progress), C(gpuops_job_last_progress_timestamp_seconds), C(gpuops_job_last_step)) and
+    this one leaves them out: node_exporter refuses a series that two files write.
   - Every series carries C(gpuops_job) (the training job's name) and C(gpuops_host) (the inventory hostname). Not
     C(job): Prometheus sets a C(job) label of its own on every target and, with the default C(honor_labels=false),
     renames a textfile's C(job) to C(exported_job).

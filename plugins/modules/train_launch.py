@@ -297,6 +297,9 @@ options:
       - Before the first progress line of a run, counted from the run's start, so it must be longer
         than the job takes to reach its first step.
       - A finite number, more than 0 and at most 86400.
+      - A start stores O(progress_regex) and O(stall_after) with the run (in C(launch.json)): a later task that
+        gives neither (a bare O(state=health), a probe) judges stalls by them, as the node does for O(metrics_dir).
+        A change takes effect at the next start; it never restarts the job by itself.
     type: float
   resume_args:
     description:
@@ -346,6 +349,30 @@ options:
         RV(guard_cleared) says how many.
     type: bool
     default: false
+  metrics_dir:
+    description:
+      - Keep the job's health live on the node, without Ansible, in C(METRICS_DIR/gpuops_job_JOB.prom) for
+        node_exporter's textfile collector (C(--collector.textfile.directory)). The node rewrites it within moments of
+        the job's exit (crashed, finished, stopped), within O(stall_after) plus 5 seconds of its last progress line
+        (stalled), and every 5 seconds while it runs (C(gpuops_job_seconds_since_progress), C(gpuops_job_last_step)).
+        The supervisor does it beside its wait; with O(backend=systemd), a second transient unit
+        C(gpuops-NAME-live.service) bound to the job's unit, and the unit's C(ExecStopPost) at its end.
+      - The judgement is O(state=health)'s, from a standard-library copy in the job's state directory next to the
+        supervisor's; the file is replaced whole (a temporary file renamed over it, a symlink at its name replaced,
+        never followed). It holds the job's health series (C(gpuops_job_health), C(gpuops_job_seconds_since_progress),
+        C(gpuops_job_last_progress_timestamp_seconds), C(gpuops_job_last_step)) and C(gpuops_job_live_timestamp_seconds);
+        the relaunch's file (M(gpuops.relaunch.relaunch_summary)'s O(gpuops.relaunch.relaunch_summary#module:metrics_dir))
+        then leaves those out. See R(the metrics guide,ansible_collections.gpuops.relaunch.docsite.guide_metrics).
+      - An existing directory (it is not created), walked from C(/) without a symlink another user can change; checked
+        before anything is stopped. Stored with the run: a change takes effect at the next start. Unset, no live file.
+    type: path
+    version_added: 0.2.0
+  metrics_host:
+    description:
+      - The inventory hostname, for the C(gpuops_host) label of the live file (node_exporter's C(instance) is an
+        address). Required with O(metrics_dir); the roles pass C(inventory_hostname). At most 253 characters.
+    type: str
+    version_added: 0.2.0
 notes:
   - The supervisor exits once the job's whole tree is gone, except where its parent (in a container,
     PID 1) neither catches nor ignores SIGCHLD and so may never reap it. Exiting there would leave the
@@ -727,6 +754,14 @@ health:
       description: The last O(log_tail_lines) lines of the run's log (V(crashed), V(stalled) and V(missing) only).
       type: list
       elements: str
+live_metrics:
+  description:
+    - The live file the node keeps for the run (O(metrics_dir)): after a start, the new run's; otherwise the recorded
+      run's, if its start set O(metrics_dir). Null when there is none.
+  returned: success
+  type: str
+  sample: /var/lib/prometheus/node-exporter/gpuops_job_llm-pretrain.prom
+  version_added: 0.2.0
 incident:
   description:
     - The incident record of the run found V(stalled), V(crashed) or V(missing) (with some of its tree left
@@ -883,6 +918,8 @@ def main() -> None:
             "relaunch_window": {"type": "float", "default": 3600},
             "force": {"type": "bool", "default": False},
             "reset_guard": {"type": "bool", "default": False},
+            "metrics_dir": {"type": "path"},
+            "metrics_host": {"type": "str"},
         },
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,

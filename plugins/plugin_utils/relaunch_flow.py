@@ -345,9 +345,32 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     }
     if not probe:
         summary["health"].update(state="unknown", reason="the probe did not answer")
+    summary["after"] = after_action(summary, launch)
+    # The job's live file (train_launch's metrics_dir), where the run now recorded keeps one: it owns the
+    # job's health series, so the relaunch's own metrics leave them out (see _metrics/textfile.py).
+    summary["live_metrics"] = (launch if launch else probe).get("live_metrics")
     # What the fleet summary calls it (relaunched, unchanged, refused, failed, would_relaunch).
     summary["status"] = fleet_status(summary)
     return summary
+
+
+def after_action(summary: Mapping[str, Any], launch: Mapping[str, Any]) -> dict[str, Any]:
+    """The job after this run acted, where `summary["health"]` is what the probe saw before: the state
+    (the new run runs once its start was proven; not known after a failure; else as the probe saw it)
+    and the crash-loop guard's count, this run's relaunch included (train_launch counts it when it
+    starts after a failure, even if the start then fails)."""
+    seen = summary["health"].get("state")
+    if summary.get("relaunched"):
+        state = "running"
+    elif summary.get("failed") and summary.get("would_relaunch") and not summary.get("check_mode"):
+        state = "unknown"  # stopped, perhaps started: the next look says
+    else:
+        state = seen
+    recent = summary["relaunch_guard"].get("recent")
+    guard = launch.get("relaunch_guard") if isinstance(launch.get("relaunch_guard"), Mapping) else {}
+    if launch.get("changed") and guard.get("needed") and isinstance(guard.get("recent"), int):
+        recent = guard["recent"] + 1
+    return {"state": state, "recent_relaunches": recent}
 
 
 def _mark_conflicts(stop: Mapping[str, Any], launch: Mapping[str, Any], found: Mapping[str, Any],

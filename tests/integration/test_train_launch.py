@@ -77,11 +77,14 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
     table = target.processes()
     assert run["pid"] in table and not table[run["pid"]].zombie, "the job died with its launcher"
     # The supervisor runs its private copy (Ansible's temporary files are long gone), in a session
-    # of its own, with stdin from /dev/null, stdout and stderr to the log, and no other fd open.
+    # of its own, with stdin from /dev/null, stdout and stderr to the log, and no other fd open but
+    # the two ends of its own wake-up pipe (signal.set_wakeup_fd: a SIGCHLD ends its wait at once).
     assert table[run["supervisor_pid"]].args.endswith(f"{target.state_dir}/job/supervisor.py run {target.state_dir}/job")
     supervisor_fds = Path(f"/proc/{target.host_pid(run['supervisor_pid'])}/fd")
     fds = {int(fd.name): os.readlink(fd) for fd in supervisor_fds.iterdir()}
-    assert fds == {0: "/dev/null", 1: target.log(), 2: target.log()}
+    wake = {fd: link for fd, link in fds.items() if fd > 2}
+    assert {fd: fds[fd] for fd in (0, 1, 2)} == {0: "/dev/null", 1: target.log(), 2: target.log()}
+    assert len(wake) == 2 and len(set(wake.values())) == 1 and next(iter(wake.values())).startswith("pipe:"), fds
 
     # Same spec again: nothing to do (and the play returns while the job keeps printing).
     again = target.play([start])

@@ -8,10 +8,12 @@ tree; which one a recorded run used is in its run.json (``backend``).
 
 from __future__ import annotations
 
+import os
 import shutil
 from typing import Any, Callable, Protocol
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import LIVE_FILE, settings_of
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import DEFAULT_PATH, LaunchOptions
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import (
@@ -165,6 +167,16 @@ class SystemdBackend:
             "started_at": utc_now(),
             "log_path": launch["log_path"],
         })
+        if settings_of(launch) is not None:
+            # The node keeps the live file: a second unit, bound to the job's, looks every live.PERIOD
+            # seconds (the job unit's ExecStopPost writes its end at once). An earlier run's goes first.
+            live_unit = systemd.live_unit_name(options.name)
+            systemd.stop_if_loaded(live_unit)
+            systemd.start_unit(systemd.live_unit_argv(
+                self.unit, live_unit,
+                [self.python, "-I", os.path.join(self.records.job_dir, LIVE_FILE), "watch", self.records.job_dir,
+                 launch["run_id"]],
+                f"gpuops.relaunch live health of job {options.name}"))
 
     def run_record(self, run_id: str) -> dict | None:
         run = self.records.read_run()

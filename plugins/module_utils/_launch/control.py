@@ -41,6 +41,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor i
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import JobJudge, Judgement
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import rotation_plan, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import (
     Operation,
@@ -97,7 +98,7 @@ class LaunchController:
     # are wall-clock times that must survive a reboot. A parameter so that tests move it.
     wall_clock: Callable[[], float] = time.time
     # GPU memory per holder for the incident record (the module passes the _gpu family's query;
-    # this family imports only _base and itself). Given the run's live member pids.
+    # this family imports only _base, _metrics' textfile writer and itself). Given the run's live member pids.
     gpu_evidence: Callable[[list[int]], dict] | None = None
 
     def __post_init__(self) -> None:
@@ -143,15 +144,17 @@ class LaunchController:
         if options.reset_guard:
             # Before the judgement, so that the guard, the plan and the decision see a clear history.
             cleared = reset_history(self.records, write=not self.check_mode)
-        judgement = JobJudge(options, self.records, self.python, self.wall_clock,
-                             note_progress=not self.check_mode, settle_wait=EXIT_SETTLE_WAIT
-                             ).judge(history_cleared=options.reset_guard)
+        judge = JobJudge(options, self.records, self.python, self.wall_clock,
+                         note_progress=not self.check_mode, settle_wait=EXIT_SETTLE_WAIT)
+        judgement = judge.judge(history_cleared=options.reset_guard)
         status = judgement.status
         result["backend"] = status.backend
         result.update(run_fields(status.run))
         if options.log_path is None and status.run:
             result["log_path"] = status.run.get("log_path")
         result["health"] = judgement.health.as_dict()
+        # The recorded run's live file (the node keeps the health there), if its start set metrics_dir.
+        result["live_metrics"] = live_path(judge.launch_of(status.run))
         if cleared is not None:
             result["guard_cleared"] = cleared
             result["changed"] = cleared > 0

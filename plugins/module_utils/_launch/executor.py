@@ -11,6 +11,7 @@ what happened up to there.
 from __future__ import annotations
 
 import grp
+import os
 import pwd
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,6 +27,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident i
     write_incident,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import Judgement
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path, refresh_once, remove_live_file
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import create_log, failed_log_name, rotate, set_aside, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import Plan
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
@@ -37,6 +39,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safep
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import format_pids
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
+from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile import LIVE_FILE_PREFIX, file_name
 
 # How long a stopped run may take to get its exit record.
 EXIT_RECORD_WAIT = 5.0
@@ -246,6 +249,9 @@ class Executor:
             "group": spec.group,
             "spec_hash": spec.spec_hash,
             "log_path": options.log_path,
+            # Not part of the spec: a new stall rule or metrics_dir takes effect at the next start
+            # and never restarts a job by itself.
+            **options.stored_health(),
         }
         self.create_log(spec.user, spec.group)
         done.update(backend=plan.backend, spec_hash=spec.spec_hash, run_id=run_id)
@@ -254,6 +260,10 @@ class Executor:
         # And if it fails before the job runs, the job is judged as the run it replaced, never as
         # missing (see JobRecords.start_failure): that run's record, and how it ended, are kept here.
         self.records.write(FAILED_START_FILE, {"run_id": run_id, "log_path": options.log_path, "replaces": replaces})
+        kept = live_path(self.records.read(LAUNCH_FILE))
+        if kept is not None and (options.metrics_dir is None
+                                 or kept != os.path.join(options.metrics_dir, file_name(options.name, LIVE_FILE_PREFIX))):
+            remove_live_file(kept)  # no run keeps it now
         deadline = Deadline(options.startup_timeout)
         try:
             backend.start(options, launch)
@@ -267,6 +277,12 @@ class Executor:
         if readiness.ready:
             self.records.remove(FAILED_START_FILE)
             done["running"] = True
+            done["live_metrics"] = None
+            if options.metrics_dir is not None:
+                # The live file says so now, not at the node's next look: what the task did is true
+                # there when the task ends (a write that fails is the node's to retry, not the start's).
+                done["live_metrics"] = os.path.join(options.metrics_dir, file_name(options.name, LIVE_FILE_PREFIX))
+                refresh_once(self.records.job_dir, run_id)
             done["msg"] = (f"{plan.operation.value}ed with backend {plan.backend}; proof of start holds"
                            + (plan.why_relaunch(self.health.state) if plan.relaunch else ""))
             done["log_tail"] = tail(options.log_path, options.log_tail_lines)

@@ -24,6 +24,12 @@ So a job that keeps printing other lines while its steps stand still is found st
 task outside check mode has seen the line (``state=health`` does that without changing anything of
 the job). Wall-clock times (mtime, started_at) are compared with the wall clock; a clock set back
 only delays a verdict.
+
+The judgement (:func:`last_progress`, :func:`measure`, :func:`judge`) is the one the node keeps its
+live textfile with (``_launch/live.py``): this file is standard library only, and imports only files
+that are too (jobfiles, safepath, terminal, verdict), so that the supervisor's private copy in the
+job's directory imports it from beside itself, as it does jobfiles.py. One implementation of the
+rules, on the node and in the module alike.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Pattern
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import describe_exit
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import open_regular
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, ProcessControl
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
+if not __package__:
+    # The private copy next to the supervisor's (see install_supervisor): its neighbours are copies too.
+    from jobfiles import open_regular  # pylint: disable=import-error
+    from terminal import escape_controls  # pylint: disable=import-error
+    from verdict import Health  # pylint: disable=import-error
+else:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import open_regular
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 PROGRESS_FILE = "progress.json"
 STOP_FILE = "stop.json"
@@ -64,6 +74,7 @@ class LogProgress:
     line_end: int | None = None   # byte offset just after the line
     trailing: bool = False        # something other than blank space follows the line
     whole: bool = False           # the search reached the start of the log
+    file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the log read
 
 
 def _step_of(match: re.Match) -> str:
@@ -74,11 +85,17 @@ def _step_of(match: re.Match) -> str:
 
 
 def last_progress(log_path: str | None, pattern: Pattern[str], limit: int = SCAN_LIMIT,
-                  chunk: int = CHUNK) -> LogProgress:
+                  chunk: int = CHUNK, since: LogProgress | None = None) -> LogProgress:
     """The last line of the log matching `pattern`, read backwards from the end (at most `limit` bytes).
 
     Only a regular file, never through a symlink (open_regular): the log path is the job's, and
     may be writable by the job's user.
+
+    `since`: what an earlier call found in the same log (the node's live health looks every few
+    seconds). A log only grows: when it is the same file, no shorter, only what was written since
+    (and one chunk before it, for a line the earlier look saw unfinished) is read; if no line there
+    matches, the earlier answer stands, as long as its line is still within the last `limit` bytes.
+    So a job that prints no progress line costs the node one read of `limit` bytes, not one per look.
     """
     if not log_path:
         return LogProgress(False, "no log_path is recorded")
@@ -88,35 +105,53 @@ def last_progress(log_path: str | None, pattern: Pattern[str], limit: int = SCAN
         return LogProgress(False, f"cannot read the log {log_path}: {exc.strerror or exc}")
     try:
         info = os.fstat(fd)
-        size, mtime = info.st_size, info.st_mtime
-        carry = b""  # the start of a line whose beginning lies in the next chunk to read
-        pos = size
-        trailing = False
-        while pos > 0 and size - pos < limit:
-            length = min(chunk, pos)
-            pos -= length
-            data = os.pread(fd, length, pos) + carry
-            pieces = _LINE_BREAK.split(data)
-            # Unless this chunk starts the file, its first piece continues into the earlier bytes.
-            first = 0 if pos == 0 else 1
-            cursor = pos + len(data)
-            for piece in reversed(pieces[first:]):
-                start = cursor - len(piece)
-                if piece.strip():
-                    text = piece.decode("utf-8", "surrogateescape")
-                    match = pattern.search(text)
-                    if match is not None:
-                        # Escaped for the result (see _base/terminal.py); the pattern saw the line as written.
-                        return LogProgress(True, "", size, mtime, escape_controls(text), escape_controls(_step_of(match)),
-                                           cursor, trailing, pos == 0)
-                    trailing = True
-                cursor = start - 1
-            carry = pieces[0] if first else b""
-        return LogProgress(True, "", size, mtime, whole=pos == 0, trailing=trailing)
+        file_id = (info.st_dev, info.st_ino)
+        if since is not None and since.readable and since.file_id == file_id and since.size <= info.st_size:
+            found = _scan(fd, info, pattern, min(info.st_size - since.size + chunk, limit), chunk)
+            if found.line is not None:
+                return found
+            trailing = since.trailing or found.trailing
+            whole = since.whole and info.st_size <= limit
+            if since.line is not None and since.line_end is not None and info.st_size - since.line_end < limit - chunk:
+                return LogProgress(True, "", info.st_size, info.st_mtime, since.line, since.step, since.line_end,
+                                   trailing, whole, file_id)
+            if since.line is None:
+                return LogProgress(True, "", info.st_size, info.st_mtime, trailing=trailing, whole=whole, file_id=file_id)
+        return _scan(fd, info, pattern, limit, chunk)
     except OSError as exc:
         return LogProgress(False, f"cannot read the log {log_path}: {exc.strerror or exc}")
     finally:
         os.close(fd)
+
+
+def _scan(fd: int, info: os.stat_result, pattern: Pattern[str], limit: int, chunk: int) -> LogProgress:
+    """last_progress's search of the open log, backwards from its end, over at most `limit` bytes."""
+    size, mtime = info.st_size, info.st_mtime
+    file_id = (info.st_dev, info.st_ino)
+    carry = b""  # the start of a line whose beginning lies in the next chunk to read
+    pos = size
+    trailing = False
+    while pos > 0 and size - pos < limit:
+        length = min(chunk, pos)
+        pos -= length
+        data = os.pread(fd, length, pos) + carry
+        pieces = _LINE_BREAK.split(data)
+        # Unless this chunk starts the file, its first piece continues into the earlier bytes.
+        first = 0 if pos == 0 else 1
+        cursor = pos + len(data)
+        for piece in reversed(pieces[first:]):
+            start = cursor - len(piece)
+            if piece.strip():
+                text = piece.decode("utf-8", "surrogateescape")
+                match = pattern.search(text)
+                if match is not None:
+                    # Escaped for the result (see _base/terminal.py); the pattern saw the line as written.
+                    return LogProgress(True, "", size, mtime, escape_controls(text), escape_controls(_step_of(match)),
+                                       cursor, trailing, pos == 0, file_id)
+                trailing = True
+            cursor = start - 1
+        carry = pieces[0] if first else b""
+    return LogProgress(True, "", size, mtime, whole=pos == 0, trailing=trailing, file_id=file_id)
 
 
 # Where a thread of a frozen control group sleeps: cgroup v2's freezer, cgroup v1's.
@@ -140,6 +175,8 @@ def leader_stopped_state(pid: int | None, starttime: int | None, proc_root: str 
     """:func:`stopped_state` of the run's main process, read now (None when it is not that process any more)."""
     if not pid or starttime is None:
         return None
+    # Imported here: the signal gate is the module's, and the node's private copy never asks this.
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import Identity, ProcessControl
     control = ProcessControl(proc_root)
     process = control.current(Identity(pid, starttime))
     if process is None:
@@ -254,6 +291,19 @@ class HealthReport:
         if self.state.failed:
             result["log_tail"] = list(self.log_tail)
         return result
+
+
+def describe_exit(record: dict | None) -> str:
+    """'exit code 3', 'signal SIGKILL', the start error, or 'an unknown status'."""
+    if not record:
+        return "an unknown status (no exit record)"
+    if record.get("error"):
+        return str(record["error"])
+    if record.get("exit_signal"):
+        return f"signal {record['exit_signal']}"
+    if record.get("exit_code") is not None:
+        return f"exit code {record['exit_code']}"
+    return "an unknown status"
 
 
 # What a stop record may say the run was, and the verdict keeps after the stop ended it.

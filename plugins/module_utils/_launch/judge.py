@@ -10,6 +10,7 @@ last progress line (progress.json), so that a later task can tell a stall.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,6 +27,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health imp
     leader_stopped_state,
     measure,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import LAUNCH_FILE
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import stall_rule
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords, JobStatus
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions
@@ -88,9 +91,14 @@ class JobJudge:
             exit_record = self._settled_exit(run.get("run_id"))
         progress = None
         now = self.wall_clock()
-        if run is not None and exit_record is None and status.running and options.progress_regex is not None:
+        pattern, stall_after = options.progress_regex, options.stall_after
+        if pattern is None and stall_after is None and run is not None:
+            # A task that names no stall rule judges by the one the run was started with, as the node does.
+            regex, stall_after = stall_rule(self.launch_of(run))
+            pattern = re.compile(regex) if regex is not None else None
+        if run is not None and exit_record is None and status.running and pattern is not None:
             record = self.records.read(PROGRESS_FILE)
-            progress = measure(last_progress(run.get("log_path"), options.progress_regex), str(run.get("run_id")),
+            progress = measure(last_progress(run.get("log_path"), pattern), str(run.get("run_id")),
                                epoch_of(run.get("started_at")), record, now)
             if self.note_progress and progress.line is not None and progress.seen_at is not None and (
                     progress.basis != "progress_record") and self.records.is_real_dir():
@@ -100,13 +108,18 @@ class JobJudge:
         # A frozen main process (SIGSTOP, a debugger, a cgroup freezer) is named as such in the reason.
         held = leader_stopped_state(run.get("pid"), run.get("starttime"), self.records.proc_root) if status.running else None
         report = judge(run, exit_record, self.records.read(STOP_FILE), status.running, progress,
-                       options.stall_after, now, held)
+                       stall_after, now, held)
         if status.start_failure is not None:
             # Nothing of that start ran: the job is what it was (see JobRecords.start_failure).
             report.reason += after_failed_start(status.start_failure)
         if report.state.failed:
             report.log_tail = tail(run.get("log_path") if run else None, options.log_tail_lines)
         return report
+
+    def launch_of(self, run: dict | None) -> dict | None:
+        """launch.json, if it is the launch of `run` (the stall rule and live file it was started with)."""
+        launch = self.records.read(LAUNCH_FILE) if run is not None else None
+        return launch if launch is not None and launch.get("run_id") == run.get("run_id") else None
 
     def _settled_exit(self, run_id: str | None) -> dict | None:
         """A main process that has just ended gets its exit record within moments: wait that long."""

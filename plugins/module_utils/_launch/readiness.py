@@ -14,6 +14,8 @@ from typing import Pattern, Protocol
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+# describe_exit is the health judgement's (health.py, which the node's private copy imports too).
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import describe_exit
 
 
 class LogScanner:
@@ -125,19 +127,6 @@ def _settled_exit(probe: JobProbe, deadline: Deadline) -> dict | None:
 
     grace.poll(recorded, 0.05)
     return record
-
-
-def describe_exit(record: dict | None) -> str:
-    """'exit code 3', 'signal SIGKILL', the start error, or 'an unknown status'."""
-    if not record:
-        return "an unknown status (no exit record)"
-    if record.get("error"):
-        return str(record["error"])
-    if record.get("exit_signal"):
-        return f"signal {record['exit_signal']}"
-    if record.get("exit_code") is not None:
-        return f"exit code {record['exit_code']}"
-    return "an unknown status"
 
 
 def _ended_reason(record: dict | None) -> str:

@@ -12,6 +12,9 @@
         start_error.txt      systemd: why the unit's main process could not become the  0600
                              job after taking its user (ExecStopPost moves it to exit.json)
         supervisor.py        the supervisor's private copy                              0600
+        live.py, health.py,  the live health's private copies, and the standard-library  0600
+        textfile.py, ...     files they import (see supervisor.private_copies)
+        .live.lock           held while the node rewrites the job's live file (live.py)
         stop.json            the last run train_launch stopped, and its health then      0600
         progress.json        the run's last progress line and when a task first saw it  0600
         relaunches.json      relaunches after a failure, for the crash-loop guard        0600

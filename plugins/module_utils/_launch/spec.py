@@ -137,6 +137,21 @@ class LaunchOptions:
     force: bool = False
     # Clear the job's relaunch history before deciding (the crash-loop guard's documented reset).
     reset_guard: bool = False
+    # The job's live textfile (see _launch/live.py): node_exporter's directory, and the inventory
+    # hostname for its gpuops_host label. None: the node keeps no live file.
+    metrics_dir: str | None = None
+    metrics_host: str | None = None
+
+    def stored_health(self) -> dict[str, Any]:
+        """What a start stores in launch.json for the node and for later tasks: the stall rule (a bare
+        state=health judges stalls by it) and, with metrics_dir, where the live file goes."""
+        stored: dict[str, Any] = {"health": {
+            "progress_regex": self.progress_regex.pattern if self.progress_regex is not None else None,
+            "stall_after": self.stall_after,
+        }}
+        if self.metrics_dir is not None:
+            stored["live"] = {"dir": self.metrics_dir, "job": self.name, "host": self.metrics_host}
+        return stored
 
     @property
     def job_dir(self) -> str:
@@ -292,6 +307,37 @@ def _check_remove_path_parent(path: str) -> None:
         raise BadOption("remove_paths", f"{path!r} cannot be reached safely: {exc.strerror or exc}") from None
 
 
+# The longest inventory hostname the gpuops_host label takes (a DNS name's limit).
+MAX_HOST_NAME = 253
+
+
+def _metrics_host(metrics_dir: str | None, host: Any) -> str | None:
+    """The inventory hostname for the live file's gpuops_host label: needed with metrics_dir."""
+    if metrics_dir is None:
+        return None
+    if not isinstance(host, str) or not host:
+        raise BadOption("metrics_host", "required with metrics_dir: the inventory hostname, for the gpuops_host label "
+                        "(the roles pass inventory_hostname)")
+    if len(host) > MAX_HOST_NAME:
+        raise BadOption("metrics_host", f"is {len(host)} characters long; at most {MAX_HOST_NAME}")
+    return host
+
+
+def _check_metrics_dir(metrics_dir: str) -> None:
+    """node_exporter's directory: it exists (it is not created: a typo must not make a directory nobody
+    reads) and can be written, reached without a symlink another user can change."""
+    try:
+        with safepath.walk(metrics_dir, listable=True) as found:
+            why_not = safepath.why_not_writable(found.fd)
+    except FileNotFoundError:
+        raise BadOption("metrics_dir", f"{metrics_dir!r} does not exist (it is the textfile collector's "
+                        "directory: it is not created here)") from None
+    except OSError as exc:
+        raise BadOption("metrics_dir", f"{metrics_dir!r} cannot be reached safely: {exc.strerror or exc}") from None
+    if why_not:
+        raise BadOption("metrics_dir", f"{metrics_dir!r} {why_not}")
+
+
 def _check_backend(backend: str) -> None:
     if backend == "systemd" and not (systemd.systemd_is_init() and shutil.which(systemd.SYSTEMD_RUN)):
         raise BadOption("backend", "systemd is not PID 1 here (or systemd-run is missing); "
@@ -421,6 +467,8 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     progress_regex = checks.check(_progress_regex, params.get("progress_regex"))
     stall_after = checks.check(_stall_after, params.get("stall_after"), params.get("progress_regex"))
     resume_args = checks.check(_resume_args, params.get("resume_args"))
+    metrics_dir = checks.check(_absolute, "metrics_dir", params.get("metrics_dir") or None)
+    metrics_host = checks.check(_metrics_host, metrics_dir, params.get("metrics_host"))
     max_relaunches = None
     if params.get("max_relaunches") is not None:
         max_relaunches = checks.check(_count, "max_relaunches", params["max_relaunches"], 0, MAX_RELAUNCHES,
@@ -451,6 +499,8 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         relaunch_window=float(relaunch_window or 3600.0),
         force=bool(params.get("force")),
         reset_guard=bool(params.get("reset_guard")),
+        metrics_dir=metrics_dir,
+        metrics_host=metrics_host,
     )
 
 
@@ -474,6 +524,8 @@ def preflight_start(options: LaunchOptions) -> None:
     else:
         checks.check(_check_log_path, options.log_path)
     checks.check(_check_job_dir, options.job_dir)
+    if options.metrics_dir is not None:
+        checks.check(_check_metrics_dir, options.metrics_dir)
     for path in options.remove_paths:
         checks.check(_check_remove_path_parent, path)
     checks.raise_if_any()

@@ -42,6 +42,13 @@ after our checks, through whatever symlink the job's user put there meanwhile.
 The records' names and the helpers that read and write them are in ``jobfiles.py``, shared with the
 module. Every file is reached through ``_base/safepath.py`` (copies of both lie next to the private
 copy of this program): paths are walked from /, never through a symlink another user can change.
+
+With a live file (train_launch's ``metrics_dir``, see ``live.py``) the supervisor keeps the job's
+health current in it: every ``live.PERIOD`` seconds beside its wait, and at once when the job's
+leader ends. The wait stays a wait: SIGCHLD wakes it (``signal.set_wakeup_fd``), so a child is
+reaped the moment it ends, whatever the period. ``live.py`` judges with ``_launch/health.py`` and
+writes with ``_metrics/textfile.py``: copies of them, and of the standard-library files they import,
+lie next to this program's too (``PRIVATE_COPIES``).
 """
 
 from __future__ import annotations
@@ -63,9 +70,16 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import safepath  # pylint: disable=import-error
     import jobfiles  # pylint: disable=import-error
+    import live  # pylint: disable=import-error
 else:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import options as _options
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import terminal as _terminal
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import verdict as _verdict
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import health as _health
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import jobfiles
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import live
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics import textfile as _textfile
 
 PR_SET_CHILD_SUBREAPER = 36
 # The records' names, the marks and the file helpers are the module's too (see jobfiles.py): the
@@ -418,6 +432,13 @@ class Supervisor:
             sys.stderr.write("gpuops supervisor: PR_SET_CHILD_SUBREAPER failed: errno %d\n" % ctypes.get_errno())
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.forward)
+        # A byte in this pipe for every signal that arrives: the wait for children (and the live
+        # file's period) is a select on it, which a SIGCHLD ends at once. Both ends close on exec.
+        self.wake_read, wake_write = os.pipe()
+        os.set_blocking(self.wake_read, False)
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
         # Handlers, not SIG_IGN: exec resets handlers to default but would keep an ignore for the job.
         signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
@@ -452,15 +473,30 @@ class Supervisor:
         })
         if self.pending_signal:
             self.forward(self.pending_signal, None)
+        monitor = live.Monitor.of_launch(self.job_dir, self.launch)
         while True:
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return 0  # no child left: the job's whole tree is gone
+                if pid == 0:
+                    break
+                if pid == job.pid:
+                    job.returncode = status  # keeps Popen from waiting on a pid we reaped
+                    self.job_pid = 0  # reaped: its pid and group id are free for anyone now
+                    self.record_exit(exit_fields(status))
+                    if monitor is not None:
+                        monitor.refresh(alive=False)  # the live file says so at once
+            if monitor is not None and self.job_pid and monitor.due():
+                monitor.refresh(alive=True)  # the leader is our child, not reaped yet: alive
+            timeout = monitor.seconds_to_next() if monitor is not None and self.job_pid else None
+            select.select([self.wake_read], [], [], timeout)
             try:
-                pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                return 0  # no child left: the job's whole tree is gone
-            if pid == job.pid:
-                job.returncode = status  # keeps Popen from waiting on a pid we reaped
-                self.job_pid = 0  # reaped: its pid and group id are free for anyone now
-                self.record_exit(exit_fields(status))
+                while os.read(self.wake_read, 4096):
+                    pass
+            except BlockingIOError:
+                pass
 
     def reopen_log(self) -> None:
         """Point our stdout/stderr (which the job inherits) at the log of the new run.
@@ -592,6 +628,8 @@ def record_systemd_exit(job_dir: str, run_id: str, environ: dict) -> None:
     elif after_drop:
         fields["error"] = after_drop
     record_exit(job_dir, run_id, fields)
+    # The live file says so at once, not at the live unit's next look (it never raises).
+    live.refresh_once(job_dir, run_id, alive=False)
 
 
 def exec_job(job_dir: str, run_id: str) -> int:
@@ -683,9 +721,17 @@ def supervisor_source() -> str:
     return module_source(sys.modules[__name__])
 
 
+def private_copies() -> tuple:
+    """(file name, module) of every file the private copy imports from beside itself: each is standard
+    library only but for its neighbours here (it imports them by bare name when it has no package)."""
+    return ((SAFEPATH_FILE, safepath), (JOBFILES_FILE, jobfiles), ("options.py", _options), ("terminal.py", _terminal),
+            ("verdict.py", _verdict), ("health.py", _health), ("textfile.py", _textfile), (live.LIVE_FILE, live))
+
+
 def install_supervisor(job_dir: str) -> str:
-    """Write the private copy of this program, and of safepath.py and jobfiles.py next to it, into `job_dir`; return its path."""
-    for name, module in ((SAFEPATH_FILE, safepath), (JOBFILES_FILE, jobfiles)):
+    """Write the private copy of this program, and of the files it imports (private_copies) next to it,
+    into `job_dir`; return its path."""
+    for name, module in private_copies():
         safepath.write_atomic(os.path.join(job_dir, name), module_source(module).encode("utf-8"), STATE_FILE_MODE)
     path = os.path.join(job_dir, SUPERVISOR_FILE)
     safepath.write_atomic(path, supervisor_source().encode("utf-8"), STATE_FILE_MODE)

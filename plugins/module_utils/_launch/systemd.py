@@ -77,6 +77,28 @@ def systemd_run_argv(
     return cmd
 
 
+def live_unit_name(job_name: str) -> str:
+    """The unit that keeps the job's live file (see _launch/live.py)."""
+    return f"gpuops-{job_name}-live.service"
+
+
+def live_unit_argv(unit: str, live_unit: str, watch: Sequence[str], description: str) -> list[str]:
+    """The systemd-run command line of the live unit: `watch` (live.py watch JOB_DIR RUN_ID), bound to
+    the job's unit `unit` (BindsTo=: it stops when the job's unit does; After=: it starts after it)."""
+    return [
+        SYSTEMD_RUN,
+        f"--unit={live_unit}",
+        "--collect",
+        "--quiet",
+        f"--description={description}",
+        f"--property=BindsTo={unit}",
+        f"--property=After={unit}",
+        "--property=StandardInput=null",
+        "--",
+        *watch,
+    ]
+
+
 def parse_show(text: str) -> dict[str, str]:
     """`systemctl show -p ...` output (KEY=VALUE lines) as a dict."""
     shown: dict[str, str] = {}
@@ -109,6 +131,11 @@ def start_unit(cmd: list[str]) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
     if proc.returncode != 0:
         raise OSError(f"systemd-run failed (rc {proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
+
+
+def stop_if_loaded(unit: str, timeout: float = 30) -> None:
+    """systemctl stop, for a unit that may not exist (then there is nothing to stop, and no error)."""
+    subprocess.run([SYSTEMCTL, "stop", unit], capture_output=True, text=True, check=False, timeout=timeout)
 
 
 def stop_unit(unit: str, timeout: float) -> None:

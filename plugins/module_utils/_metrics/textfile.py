@@ -18,7 +18,9 @@ directory nobody scrapes), and replaces the file through a temporary file in the
 (``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0644, fsync) renamed over it: the collector never reads half a
 file, and a symlink planted at the file's name is replaced, never followed.
 
-Standard library only, and the collection's own vocabulary (``_base/verdict``).
+Standard library only, and the collection's own vocabulary (``_base/verdict``): the node's live
+health (``_launch/live.py``) writes its file with this very writer, from a private copy next to the
+supervisor's, so this file imports only files that are standard library only too.
 """
 
 from __future__ import annotations
@@ -31,16 +33,29 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.safepath import (
-    NotRegularFile,
-    UnsafePath,
-    open_regular_at,
-    walk,
-    why_not_writable,
-    write_atomic_at,
-)
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import ESCALATION_WORDS, HEALTH_WORDS
+if not __package__:
+    # The private copy the node's live health writes with (see _launch/live.py): its neighbours are copies too.
+    from options import BadOption  # pylint: disable=import-error
+    from safepath import (  # pylint: disable=import-error
+        NotRegularFile,
+        UnsafePath,
+        open_regular_at,
+        walk,
+        why_not_writable,
+        write_atomic_at,
+    )
+    from verdict import ESCALATION_WORDS, HEALTH_WORDS  # pylint: disable=import-error
+else:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.safepath import (
+        NotRegularFile,
+        UnsafePath,
+        open_regular_at,
+        walk,
+        why_not_writable,
+        write_atomic_at,
+    )
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import ESCALATION_WORDS, HEALTH_WORDS
 
 # What this run did: relaunch_decision's actions (none, relaunch, refused), or failed (a step failed,
 # whatever was decided).
@@ -144,12 +159,51 @@ def check_host(host: Any, option: str = "host") -> str:
     return host
 
 
+def _health_families(health: Mapping[str, Any], labels: Mapping[str, str], state: Any, seen: str) -> list[Family]:
+    """The job's health series: the state `state` (1 for it, 0 for the others; all 0 for one not known)
+    and, from `health` (train_launch's health), its progress. `seen` says who saw it, for the help."""
+    health_family = Family("gpuops_job_health", f"1 for the job's health {seen}, 0 for the others; all 0 when not known.")
+    for word in HEALTH_WORDS:
+        health_family.add(1.0 if state == word else 0.0, **labels, state=word)
+    since = Family("gpuops_job_seconds_since_progress", f"Seconds since the job's last progress line, {seen}.")
+    since.add(_non_negative(_number(health.get("since_progress"), "health.since_progress")), **labels)
+    progress_at = Family("gpuops_job_last_progress_timestamp_seconds",
+                         "When the job's last progress line was first seen, in seconds since the epoch.")
+    progress_at.add(_non_negative(_epoch(health.get("last_progress_at"))), **labels)
+    step = Family("gpuops_job_last_step", "The step of the job's last progress line, where it is a number.")
+    step.add(_step(health.get("last_step")), **labels)
+    return [health_family, since, progress_at, step]
+
+
+# The series the job's health is told by: written by one file only (node_exporter refuses a series
+# that two files write). The job's live file owns them where the job keeps one (train_launch's
+# metrics_dir); the relaunch's file then leaves them out.
+HEALTH_SERIES = ("gpuops_job_health", "gpuops_job_seconds_since_progress", "gpuops_job_last_progress_timestamp_seconds",
+                 "gpuops_job_last_step")
+LIVE_TIMESTAMP_METRIC = "gpuops_job_live_timestamp_seconds"
+LIVE_FILE_PREFIX = "gpuops_job_"
+
+
+def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float) -> list[Family]:
+    """The job's live file: its health as the node judged it at `now` (train_launch's health, as
+    HealthReport.as_dict() says it), and when. Labelled as every series of the collection."""
+    labels = {JOB_LABEL: job, HOST_LABEL: check_host(host)}
+    families = _health_families(_mapping(health, "health"), labels, health.get("state"), "as the node judged it last")
+    judged = Family(LIVE_TIMESTAMP_METRIC, "When the node last judged the job's health (its live file), in seconds since the epoch.")
+    judged.add(now, **labels)
+    return families + [judged]
+
+
 def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]], now: float,
                 host: str) -> list[Family]:
     """The metric families of one job on one host, from its relaunch summary and its GPUs' memory.
 
-    `summary` is relaunch_summary's (health, relaunch_guard, action, failed, found, container_reset,
-    gpu_released); a key that is missing is not known. `gpus` holds one mapping per GPU: ``index``
+    `summary` is relaunch_summary's (health, after, live_metrics, relaunch_guard, action, failed, found,
+    container_reset, gpu_released); a key that is missing is not known. `health` is what the probe
+    saw before the run acted (``gpuops_relaunch_probe_health``); ``after`` (state, recent_relaunches)
+    the job after the action: the job's health series and the relaunch count tell that, falling back
+    to the probe's where ``after`` is missing. With ``live_metrics`` (the job keeps a live file) the
+    job's health series are that file's, and left out here. `gpus` holds one mapping per GPU: ``index``
     and/or ``uuid``, and ``used_mib`` (or gpu_mem_wait's ``used_mib_after``). `now` is the run's time
     (seconds since the epoch); `host` the inventory hostname. Every sample is labelled
     ``gpuops_job=JOB, gpuops_host=HOST``. BadOption (naming ``summary``, ``gpus`` or ``host``) for a
@@ -157,24 +211,25 @@ def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str
     """
     health = _mapping(summary.get("health"), "health")
     guard = _mapping(summary.get("relaunch_guard"), "relaunch_guard")
+    after = _mapping(summary.get("after"), "after")
     labels = {JOB_LABEL: job, HOST_LABEL: check_host(host)}
 
-    state = health.get("state")
-    health_family = Family("gpuops_job_health",
-                           "1 for the health this run's probe saw (train_launch), 0 for the others; all 0 when it did not answer.")
+    seen = health.get("state")
+    probe_family = Family("gpuops_relaunch_probe_health",
+                          "1 for the health this relaunch run's probe saw before it acted, 0 for the others; "
+                          "all 0 when it did not answer.")
     for word in HEALTH_WORDS:
-        health_family.add(1.0 if state == word else 0.0, **labels, state=word)
+        probe_family.add(1.0 if seen == word else 0.0, **labels, state=word)
+    families: list[Family] = []
+    if not summary.get("live_metrics"):
+        # The job after the action: a relaunched job runs its new run, whose progress is not known yet.
+        state = after.get("state", seen) if "state" in after else seen
+        families = _health_families(health if state == seen and not summary.get("relaunched") else {}, labels,
+                                    state, "after this relaunch run")
 
-    since = Family("gpuops_job_seconds_since_progress", "Seconds since the job's last progress line, when the probe looked.")
-    since.add(_non_negative(_number(health.get("since_progress"), "health.since_progress")), **labels)
-    progress_at = Family("gpuops_job_last_progress_timestamp_seconds",
-                         "When the job's last progress line was first seen, in seconds since the epoch.")
-    progress_at.add(_non_negative(_epoch(health.get("last_progress_at"))), **labels)
-    step = Family("gpuops_job_last_step", "The step of the job's last progress line, where it is a number.")
-    step.add(_step(health.get("last_step")), **labels)
-
-    recent = Family("gpuops_job_recent_relaunches", "Relaunches the crash-loop guard counts in its window.")
-    recent.add(_non_negative(_number(guard.get("recent"), "relaunch_guard.recent")), **labels)
+    recent = Family("gpuops_job_recent_relaunches", "Relaunches the crash-loop guard counts in its window, this run's included.")
+    recent.add(_non_negative(_number(after.get("recent_relaunches", guard.get("recent")), "after.recent_relaunches")),
+               **labels)
     limit = Family("gpuops_job_relaunch_limit", "The crash-loop guard's limit (max_relaunches in relaunch_window), where one is set.")
     limit.add(_non_negative(_number(guard.get("max_relaunches"), "relaunch_guard.max_relaunches")), **labels)
 
@@ -205,8 +260,7 @@ def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str
     for gpu, uuid, used in _gpu_rows(gpus):
         memory.add(used, **labels, gpu=gpu, uuid=uuid)
 
-    return [health_family, since, progress_at, step, recent, limit, last_run, actions, found_family, reset, released,
-            memory]
+    return families + [recent, limit, last_run, actions, probe_family, found_family, reset, released, memory]
 
 
 def _gpu_rows(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float | None]]:
@@ -278,8 +332,9 @@ def comparable(text: str) -> str:
 # --- the file ---------------------------------------------------------------------------------------
 
 
-def file_name(job: str) -> str:
-    """gpuops_relaunch_JOB.prom; a name with characters outside [A-Za-z0-9_.-] has each replaced by _
+def file_name(job: str, prefix: str = FILE_PREFIX) -> str:
+    """gpuops_relaunch_JOB.prom (the relaunch's; LIVE_FILE_PREFIX for the job's live file,
+    gpuops_job_JOB.prom); a name with characters outside [A-Za-z0-9_.-] has each replaced by _
     and a hash of the whole name appended, so two jobs never share a file. BadOption naming ``job``
     for an empty name or one too long for a file name."""
     if not isinstance(job, str) or not job:
@@ -290,7 +345,7 @@ def file_name(job: str) -> str:
     if safe != job:
         digest = hashlib.sha256(job.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         safe = f"{safe}-{digest}"
-    return f"{FILE_PREFIX}{safe}{FILE_SUFFIX}"
+    return f"{prefix}{safe}{FILE_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,27 @@ def test_the_host_summary_has_native_types_and_every_key():
     json.dumps(summary)  # nothing that is not JSON
 
 
+def test_the_summary_says_the_job_after_the_action_and_keeps_what_the_probe_saw():
+    """Issue 25 item 2: the metrics tell the state after the run acted, and count its relaunch."""
+    results = full_results()
+    results["launch"].update(changed=True, relaunch_guard={"recent": 1, "needed": True}, live_metrics="/m/gpuops_job_x.prom")
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["health"]["state"] == "crashed"  # what the probe saw
+    assert summary["after"] == {"state": "running", "recent_relaunches": 2}
+    assert summary["live_metrics"] == "/m/gpuops_job_x.prom"
+    # A start after a failure counts even when it then fails; the job after it is not known.
+    failed = host_summary("h1", False, results, "Launch the job and prove it started: not proven", None)
+    assert failed["after"] == {"state": "unknown", "recent_relaunches": 2}
+    # A forced relaunch of a job that had not failed is not counted; check mode changes nothing.
+    results["launch"]["relaunch_guard"] = {"recent": 1, "needed": False}
+    assert host_summary("h1", False, results, None, None)["after"]["recent_relaunches"] == 1
+    assert host_summary("h1", True, full_results(), None, None)["after"] == {"state": "crashed", "recent_relaunches": 1}
+    # Nothing decided: the job is as the probe found it; the probe's live file is the job's.
+    noop = {"probe": {"health": {"state": "running"}, "relaunch_guard": {"recent": 0}, "live_metrics": None},
+            "decision": {"action": "none"}, "launch": {"changed": True, "relaunch_guard": {"recent": 5, "needed": True}}}
+    assert host_summary("h1", False, noop, None, None)["after"] == {"state": "running", "recent_relaunches": 0}
+
+
 def test_the_summary_names_processes_whose_marks_contradicted_their_ancestry():
     """A worker of this job carrying another job's marks (issue 24, item 4b) was ended as this job's:
     the summary names it, once, whether the stop or the clean-up's look saw it."""

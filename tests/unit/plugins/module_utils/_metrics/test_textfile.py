@@ -22,8 +22,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import ACTION_WORDS as DECISION_ACTIONS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile import (
     ACTION_WORDS,
+    HEALTH_SERIES,
     HOST_LABEL,
     JOB_LABEL,
+    LIVE_FILE_PREFIX,
+    LIVE_TIMESTAMP_METRIC,
     TIMESTAMP_METRIC,
     Family,
     MetricsWriteError,
@@ -32,6 +35,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile 
     file_name,
     format_value,
     job_metrics,
+    live_metrics,
     render,
     write_textfile,
 )
@@ -110,7 +114,7 @@ def test_every_metric_of_a_full_summary():
     assert value(samples, "gpuops_relaunch_gpu_released", gpuops_host=HOST, gpuops_job="llm") == 1
     assert value(samples, "gpuops_gpu_memory_used_mib", gpuops_host=HOST, gpuops_job="llm", gpu="0", uuid="GPU-a") == 40960.5
     assert value(samples, "gpuops_gpu_memory_used_mib", gpuops_host=HOST, gpuops_job="llm", gpu="1", uuid="GPU-b") == 0
-    assert len(samples) == 6 + 6 + 4 + 4 + 2 + 2
+    assert len(samples) == 6 + 6 + 6 + 4 + 4 + 2 + 2
 
 
 def test_the_actions_are_the_decisions_and_failed():
@@ -140,6 +144,44 @@ def test_a_job_name_cannot_break_the_file(job):
     assert value(samples, "gpuops_job_health", gpuops_host=HOST, gpuops_job=job, state="stalled") == 1
     assert {dict(labels)["gpuops_job"] for _name, labels in samples} == {job}
     assert {dict(labels)["gpuops_host"] for _name, labels in samples} == {HOST}
+
+
+def test_after_a_relaunch_the_file_tells_the_new_run_and_keeps_what_the_probe_saw_apart():
+    relaunched = summary(relaunched=True, after={"state": "running", "recent_relaunches": 3})
+    samples = parse(render(job_metrics("llm", relaunched, GPUS, NOW, HOST)))
+    labels = {"gpuops_host": HOST, "gpuops_job": "llm"}
+    for word in HEALTH_WORDS:
+        assert value(samples, "gpuops_job_health", **labels, state=word) == (1 if word == "running" else 0)
+        assert value(samples, "gpuops_relaunch_probe_health", **labels, state=word) == (1 if word == "stalled" else 0)
+    # This run's relaunch is counted; the stalled run's progress is not the new run's.
+    assert value(samples, "gpuops_job_recent_relaunches", **labels) == 3
+    names = {name for name, _labels in samples}
+    assert not {"gpuops_job_seconds_since_progress", "gpuops_job_last_step",
+                "gpuops_job_last_progress_timestamp_seconds"} & names
+
+
+def test_a_failed_relaunch_leaves_the_health_after_it_unknown():
+    failed = summary(failed="Launch: boom", after={"state": "unknown", "recent_relaunches": 3})
+    samples = parse(render(job_metrics("llm", failed, [], NOW, HOST)))
+    assert all(v == 0 for (name, _labels), v in samples.items() if name == "gpuops_job_health")
+    assert value(samples, "gpuops_relaunch_probe_health", gpuops_host=HOST, gpuops_job="llm", state="stalled") == 1
+
+
+def test_a_job_with_a_live_file_has_its_health_series_there_and_nowhere_else():
+    relaunch = parse(render(job_metrics("llm", summary(live_metrics="/m/gpuops_job_llm.prom"), GPUS, NOW, HOST)))
+    health = {"state": "running", "since_progress": 4.5, "last_step": "7", "last_progress_at": "2026-01-01T00:00:00+00:00"}
+    live = parse(render(live_metrics("llm", HOST, health, NOW)))
+    relaunch_series, live_series = set(relaunch), set(live)
+    # node_exporter refuses a series that two files write.
+    assert not relaunch_series & live_series
+    assert {name for name, _labels in live} == set(HEALTH_SERIES) | {LIVE_TIMESTAMP_METRIC}
+    assert not set(HEALTH_SERIES) & {name for name, _labels in relaunch}
+    labels = {"gpuops_host": HOST, "gpuops_job": "llm"}
+    assert value(live, "gpuops_job_health", **labels, state="running") == 1
+    assert value(live, "gpuops_job_seconds_since_progress", **labels) == 4.5
+    assert value(live, "gpuops_job_last_step", **labels) == 7
+    assert value(live, LIVE_TIMESTAMP_METRIC, **labels) == NOW
+    assert file_name("llm", LIVE_FILE_PREFIX) == "gpuops_job_llm.prom" != file_name("llm")
 
 
 def test_every_series_names_its_job_and_inventory_host_never_job_or_instance():
@@ -185,7 +227,7 @@ def test_nan_and_infinity_are_never_written(bad):
 def test_missing_data_is_left_out_not_guessed():
     samples = parse(render(job_metrics("j", {}, [], NOW, HOST)))
     names = {name for name, _labels in samples}
-    assert names == {"gpuops_job_health", TIMESTAMP_METRIC, "gpuops_relaunch_last_action"}
+    assert names == {"gpuops_job_health", TIMESTAMP_METRIC, "gpuops_relaunch_last_action", "gpuops_relaunch_probe_health"}
     # No state seen: every health state is 0; nothing decided: the action is none.
     assert all(v == 0 for (name, _labels), v in samples.items() if name == "gpuops_job_health")
     assert value(samples, "gpuops_relaunch_last_action", gpuops_host=HOST, gpuops_job="j", action="none") == 1
@@ -372,7 +414,8 @@ def test_a_directory_reached_through_a_link_another_user_can_change_is_refused(t
 
 
 def test_every_metric_the_alert_rules_read_is_one_that_is_written():
-    rules = Path(__file__).resolve().parents[5] / "extensions" / "prometheus" / "rules" / "gpuops.rules.yml"
-    read = set(re.findall(r"\bgpuops_[a-z_]+\b", rules.read_text(encoding="utf-8"))) - {JOB_LABEL, HOST_LABEL}
-    written = {family.name for family in job_metrics("j", {}, [], NOW, HOST)}
+    rules = Path(__file__).resolve().parents[5] / "extensions" / "prometheus" / "rules"
+    text = "".join(path.read_text(encoding="utf-8") for path in sorted(rules.glob("*.yml")))
+    read = set(re.findall(r"\bgpuops_[a-z_]+\b", text)) - {JOB_LABEL, HOST_LABEL}
+    written = {family.name for family in job_metrics("j", {}, [], NOW, HOST) + live_metrics("j", HOST, {}, NOW)}
     assert read and read <= written, sorted(read - written)

@@ -1,0 +1,146 @@
+"""The job's live health on the node (train_launch's metrics_dir), for real, without Ansible looking.
+
+The job is the demo trainer, launched through the real module inside a PID namespace whose init
+never reaps (every signal stays inside it). After the start, no task runs while the test waits: the
+file changes only because the node (the supervisor, from its private copy) rewrites it. Each wait
+polls the file against a generous deadline, never a fixed sleep; how fast the node is goes to the
+bench (bench/live_health_cpu.py), not here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.launch_targets import Target, in_pid_namespace
+from tests.harness.procstates import wait_until
+from tests.harness.prometheus import PROMTOOL, check_metrics, parse_exposition, sample
+
+pytestmark = pytest.mark.slow
+
+PROGRESS = r"^step (\d+) "
+HOST = 'gpu-node-7 "b"'  # an inventory hostname is any text: the label keeps it, escaped
+DEADLINE = 60
+
+
+@pytest.fixture(name="ns")
+def ns_fixture(tmp_path):
+    with in_pid_namespace(tmp_path) as where:
+        yield where
+
+
+def textfiles(target: Target) -> Path:
+    directory = target.work / "textfiles"
+    directory.mkdir(mode=0o755, exist_ok=True)
+    return directory
+
+
+def once(target: Target, state: str = "started", **options: Any) -> dict[str, Any]:
+    task = target.launch_task(task_name="t", state=state, min_uptime=0.2, **options)
+    if state in ("health", "stopped"):
+        for key in ("command", "ready_regex", "min_uptime", "startup_timeout"):
+            task["gpuops.relaunch.train_launch"].pop(key, None)
+    result = target.play([task]).result("t")
+    assert result.get("failed") is not True, result
+    return result
+
+
+def live(target: Target) -> dict:
+    """The live file as Prometheus reads it ({} while there is none)."""
+    path = textfiles(target) / "gpuops_job_job.prom"
+    try:
+        return parse_exposition(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+
+
+def state_of(samples: dict) -> str | None:
+    states = [dict(labels)["state"] for (name, labels), value in samples.items()
+              if name == "gpuops_job_health" and value == 1]
+    return states[0] if len(states) == 1 else None
+
+
+def labels(**extra: str) -> dict[str, str]:
+    return {"gpuops_job": "job", "gpuops_host": HOST, **extra}
+
+
+def file_says(target: Target, wanted: str) -> dict:
+    """Poll the file (no task runs meanwhile) until it says `wanted`; its samples."""
+    return wait_until(lambda: live(target) if state_of(live(target)) == wanted else None,
+                      timeout=DEADLINE, what=f"the live file to say {wanted}", interval=0.2)
+
+
+def test_the_node_keeps_the_live_file_through_progress_a_stop_a_kill_and_a_relaunch(ns: Target) -> None:
+    command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2")
+    first = once(ns, command=command, progress_regex=PROGRESS, stall_after=3, metrics_dir=str(textfiles(ns)),
+                 metrics_host=HOST)
+    assert first["running"] is True and first["live_metrics"] == str(textfiles(ns) / "gpuops_job_job.prom")
+    # Written by the start itself: running, at once.
+    assert state_of(live(ns)) == "running"
+
+    # Progress, as the node sees it while no task runs: the step moves on in the file.
+    seen = wait_until(lambda: sample(live(ns), "gpuops_job_last_step", **labels()), timeout=DEADLINE,
+                      what="a step in the live file", interval=0.2)
+    wait_until(lambda: (sample(live(ns), "gpuops_job_last_step", **labels()) or 0) > seen, timeout=DEADLINE,
+               what="a later step in the live file", interval=0.2)
+    running = live(ns)
+    assert sample(running, "gpuops_job_seconds_since_progress", **labels()) is not None
+    assert sample(running, "gpuops_job_live_timestamp_seconds", **labels()) is not None
+    if PROMTOOL.is_file():
+        checked = check_metrics(textfiles(ns) / "gpuops_job_job.prom")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # Frozen (SIGSTOP): no progress line any more, so the node says stalled once stall_after has passed.
+    leader = ns.host_pid(first["pid"])
+    assert leader is not None
+    os.kill(leader, signal.SIGSTOP)  # inside the namespace: the job this test started
+    stalled = file_says(ns, "stalled")
+    assert sample(stalled, "gpuops_job_seconds_since_progress", **labels()) >= 3
+    # A bare state=health (no progress_regex, no stall_after) judges by the rule stored with the run.
+    bare = once(ns, "health")
+    assert bare["health"]["state"] == "stalled", bare["health"]
+    assert bare["live_metrics"] == first["live_metrics"]
+
+    # Killed: the file says crashed (the supervisor writes it when it reaps the job).
+    os.kill(leader, signal.SIGKILL)
+    crashed = file_says(ns, "crashed")
+    assert not {"gpuops_job_seconds_since_progress", "gpuops_job_last_step"} & {name for name, _l in crashed}
+
+    # The relaunch: the file says the new run runs when the task ends.
+    again = once(ns, command=command, progress_regex=PROGRESS, stall_after=3, metrics_dir=str(textfiles(ns)),
+                 metrics_host=HOST)
+    assert again["changed"] is True and again["health"]["state"] == "crashed" and again["pid"] != first["pid"]
+    assert state_of(live(ns)) == "running"
+
+    # Stopped by train_launch: the file says so.
+    once(ns, "stopped")
+    file_says(ns, "stopped")
+    # Only the live file is in the directory: nothing half-written left beside it.
+    assert [path.name for path in textfiles(ns).iterdir()] == ["gpuops_job_job.prom"]
+
+
+def test_a_finished_job_is_finished_in_the_live_file_and_a_start_without_metrics_dir_removes_it(ns: Target) -> None:
+    done = ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--finish-at-step", "3")
+    once(ns, command=done, metrics_dir=str(textfiles(ns)), metrics_host=HOST)
+    finished = file_says(ns, "finished")
+    assert sample(finished, "gpuops_job_health", **labels(state="crashed")) == 0
+    # No run keeps the file any more: left, its series would clash with the relaunch's file.
+    later = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
+    assert later["live_metrics"] is None and list(textfiles(ns).iterdir()) == []
+
+
+def test_a_metrics_dir_that_cannot_work_is_refused_before_anything_changes(ns: Target) -> None:
+    command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2")
+    task = ns.launch_task(task_name="t", command=command, metrics_dir=str(ns.work / "typo"), metrics_host=HOST)
+    refused = ns.play([task]).result("t")
+    assert refused["failed"] is True and not (ns.work / "typo").exists()
+    assert [p["option"] for p in refused["option_problems"]] == ["metrics_dir"]
+    assert "does not exist" in refused["option_problems"][0]["reason"]
+    task = ns.launch_task(task_name="t", command=command, metrics_dir=str(textfiles(ns)))
+    refused = ns.play([task]).result("t")
+    assert refused["failed"] is True and [p["option"] for p in refused["option_problems"]] == ["metrics_host"]
+    assert not (Path(ns.state_dir) / "job" / "run.json").exists()
