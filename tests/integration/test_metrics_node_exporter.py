@@ -107,7 +107,10 @@ def test_a_relaunch_writes_metrics_that_promtool_and_node_exporter_read(site):
             ours = [dict(labels) for name, labels in samples if name.startswith("gpuops_")]
             assert ours and all(l["gpuops_job"] == job and l["gpuops_host"] == HOST and "job" not in l for l in ours)
             for word in HEALTH_WORDS:
-                assert sample(samples, "gpuops_job_health", gpuops_job=job, gpuops_host=HOST, state=word) == (word == "missing")
+                # The job after the run acted (its new run runs), and apart from it what the probe saw before.
+                assert sample(samples, "gpuops_job_health", gpuops_job=job, gpuops_host=HOST, state=word) == (word == "running")
+                assert sample(samples, "gpuops_relaunch_probe_health", gpuops_job=job, gpuops_host=HOST,
+                              state=word) == (word == "missing")
             for word in ACTION_WORDS:
                 assert sample(samples, "gpuops_relaunch_last_action", gpuops_job=job, gpuops_host=HOST, action=word) == (word == "relaunch")
             assert sample(samples, "gpuops_relaunch_found", gpuops_job=job, gpuops_host=HOST, escalation=first["found"]) == 1

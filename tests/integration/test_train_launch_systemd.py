@@ -7,6 +7,7 @@ The first run builds the container's root filesystem with debootstrap (a few min
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,12 +17,15 @@ import pytest
 from tests.harness import systemd_ct
 from tests.harness.launch_targets import DEMO
 from tests.harness.playbook import run_playbook
+from tests.harness.procstates import wait_until
 
 pytestmark = [pytest.mark.lxc, pytest.mark.slow]
 
 JOB_DEMO = "/opt/demo_train.py"
 LOG = "/var/log/train.log"
 STATE_DIR = "/var/lib/gpuops-test"
+METRICS_DIR = "/var/lib/node-exporter-test"
+LIVE = {"metrics_dir": METRICS_DIR, "metrics_host": "ct-host", "progress_regex": r"^step (\d+) ", "stall_after": 600}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,7 @@ def container():
         for stale in (ct.path(LOG), *ct.path(LOG).parent.glob("train.log.*")):
             stale.unlink(missing_ok=True)
         shutil.rmtree(ct.path(STATE_DIR), ignore_errors=True)
+        shutil.rmtree(ct.path(METRICS_DIR), ignore_errors=True)
         yield ct
 
 
@@ -61,9 +66,20 @@ def show(ct, unit: str, *props: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def live_state(ct) -> str | None:
+    """The state the job's live file says (train_launch's metrics_dir), or None."""
+    try:
+        text = ct.path(METRICS_DIR + "/gpuops_job_job.prom").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    found = re.findall(r'^gpuops_job_health\{gpuops_job="job",gpuops_host="ct-host",state="(\w+)"\} 1$', text, re.M)
+    return found[0] if len(found) == 1 else None
+
+
 def test_systemd_backend_lifecycle(container, tmp_path: Path) -> None:
     ct = container
-    start = launch(command=["/usr/bin/python3", JOB_DEMO, "--workers", "2", "--worker-seconds", "0.5"])
+    ct.path(METRICS_DIR).mkdir(mode=0o755, exist_ok=True)
+    start = launch(command=["/usr/bin/python3", JOB_DEMO, "--workers", "2", "--worker-seconds", "0.5"], **LIVE)
     run = play(ct, tmp_path, [start])
     assert run.rc == 0, run.stdout[-3000:]
     started = run.result("launch")
@@ -84,12 +100,30 @@ def test_systemd_backend_lifecycle(container, tmp_path: Path) -> None:
 
     assert play(ct, tmp_path, [start]).result("launch")["changed"] is False
 
+    # The node keeps the job's health live: a second unit bound to the job's looks every few seconds.
+    live_unit = show(ct, "gpuops-job-live.service", "ActiveState", "BindsTo")
+    assert live_unit["ActiveState"] == "active" and "gpuops-job.service" in live_unit["BindsTo"]
+    assert live_state(ct) == "running"
+    wait_until(lambda: re.search(r"^gpuops_job_last_step\{[^}]*\} [1-9]", ct.path(
+        METRICS_DIR + "/gpuops_job_job.prom").read_text(encoding="utf-8"), re.M), timeout=60,
+        what="a step in the live file", interval=0.2)
+
     restarted = play(ct, tmp_path, [launch(command=start["gpuops.relaunch.train_launch"]["command"],
-                                           state="restarted")]).result("launch")
+                                           state="restarted", **LIVE)]).result("launch")
     assert restarted["changed"] is True and restarted["pid"] != started["pid"]
     assert restarted["previous"]["exit_code"] == 0  # the demo ends cleanly on SIGTERM
     assert restarted["rotated_log"] == LOG + ".1"
     assert f"demo_train pid {started['pid']} " in ct.path(LOG + ".1").read_text()
+    assert live_state(ct) == "running"
+
+    # Killed inside the container: the unit's ExecStopPost writes crashed at once, and the live unit goes with it.
+    ct.run_inside(["kill", "-KILL", str(restarted["pid"])])
+    wait_until(lambda: live_state(ct) == "crashed", timeout=60, what="the live file to say crashed", interval=0.2)
+    wait_until(lambda: show(ct, "gpuops-job-live.service", "LoadState")["LoadState"] == "not-found", timeout=60,
+               what="the live unit gone with the job's", interval=0.2)
+    relaunched = play(ct, tmp_path, [start]).result("launch")
+    assert relaunched["changed"] is True and relaunched["health"]["state"] == "crashed"
+    assert live_state(ct) == "running"
 
     stop = stop_task("job")
     stopped = play(ct, tmp_path, [stop]).result("stop")
@@ -100,6 +134,7 @@ def test_systemd_backend_lifecycle(container, tmp_path: Path) -> None:
     assert JOB_DEMO not in ps
     assert not [line for line in ps.splitlines() if line.split()[1].startswith("Z")]
     assert play(ct, tmp_path, [stop]).result("stop")["changed"] is False
+    wait_until(lambda: live_state(ct) == "stopped", timeout=60, what="the live file to say stopped", interval=0.2)
 
 
 def test_systemd_exit_code_survives_collect(container, tmp_path: Path) -> None:
