@@ -100,10 +100,10 @@ notes:
   - When the job keeps a live file (M(gpuops.relaunch.train_launch)'s O(gpuops.relaunch.train_launch#module:metrics_dir),
     C(DIR/gpuops_job_JOB.prom)), that file owns the job's health series (C(gpuops_job_health),
     C(gpuops_job_seconds_since_progress), C(gpuops_job_last_progress_timestamp_seconds), C(gpuops_job_last_step)) and
-    this one leaves them out: node_exporter refuses a series that two files write.
+    this one leaves them out, as node_exporter refuses a series that two files write.
   - Every series carries C(gpuops_job) (the training job's name) and C(gpuops_host) (the inventory hostname). Not
-    C(job): Prometheus sets a C(job) label of its own on every target and, with the default C(honor_labels=false),
-    renames a textfile's C(job) to C(exported_job).
+    C(job), because Prometheus sets a C(job) label of its own on every target and, with the default
+    C(honor_labels=false), renames a textfile's C(job) to C(exported_job).
 """
 
 EXAMPLES = r"""

@@ -297,7 +297,7 @@ options:
       - Before the first progress line of a run, counted from the run's start, so it must be longer
         than the job takes to reach its first step.
       - A finite number, more than 0 and at most 86400.
-      - A start stores O(progress_regex) and O(stall_after) with the run (in C(launch.json)): a later task that
+      - A start stores O(progress_regex) and O(stall_after) with the run (in C(launch.json)), and a later task that
         gives neither (a bare O(state=health), a probe) judges stalls by them, as the node does for O(metrics_dir).
         A change takes effect at the next start; it never restarts the job by itself.
     type: float
@@ -364,7 +364,7 @@ options:
         the relaunch's file (M(gpuops.relaunch.relaunch_summary)'s O(gpuops.relaunch.relaunch_summary#module:metrics_dir))
         then leaves those out. See R(the metrics guide,ansible_collections.gpuops.relaunch.docsite.guide_metrics).
       - An existing directory (it is not created), walked from C(/) without a symlink another user can change; checked
-        before anything is stopped. Stored with the run: a change takes effect at the next start. Unset, no live file.
+        before anything is stopped. Stored with the run, so a change takes effect at the next start. Unset, no live file.
     type: path
     version_added: 0.2.0
   metrics_host:
@@ -756,7 +756,7 @@ health:
       elements: str
 live_metrics:
   description:
-    - The live file the node keeps for the run (O(metrics_dir)): after a start, the new run's; otherwise the recorded
+    - The live file the node keeps for the run (O(metrics_dir)) - after a start, the new run's; otherwise the recorded
       run's, if its start set O(metrics_dir). Null when there is none.
   returned: success
   type: str
