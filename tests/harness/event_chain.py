@@ -8,7 +8,7 @@ jobs' live files and the relaunch's files go to, ansible-rulebook with the colle
 (extensions/eda/alertmanager.yml; only its timings, URL and token file replaced) and Prometheus with the
 shipped rules, scrape and evaluation every second. It launches gpu1's job (a plain relaunch run, not
 through the chain) and waits until Prometheus sees it running. gpu1 runs a healthy demo job, gpu2 one
-that crashes two steps after each start (launched by the test that wants it). Everything ends with the
+that crashes four steps (about 3 s) after each start (launched by the test that wants it). Everything ends with the
 block, each part by the pid it recorded, the rulebook first.
 """
 
@@ -51,7 +51,10 @@ class Chain:
         self.summaries = work / "summaries"
         self.hosts: dict[str, dict[str, Any]] = {
             "gpu1": self._job_vars("gpu1", "train", ["--step-interval", "0.2"], max_relaunches=max_relaunches),
-            "gpu2": self._job_vars("gpu2", "crashy", ["--step-interval", "1", "--crash-at-step", "2", "--exit-code", "3"],
+            # Running for about 3 s after each start: Prometheus (1 s scrape and evaluation) sees it run between
+            # two crashes, so each crash is an alert of its own (one the node reported only as crashed would stay
+            # one firing alert, sent again only after Alertmanager's repeat_interval).
+            "gpu2": self._job_vars("gpu2", "crashy", ["--step-interval", "1", "--crash-at-step", "4", "--exit-code", "3"],
                                    max_relaunches=1),
         }
         self.inventory = work / "inventory.json"

@@ -9,7 +9,7 @@ second; they start once for the whole file (module fixture, tests/harness/event_
 cases run in this order.
 
 The hosts are two inventory names for one PID namespace whose init never reaps (nsenter connection):
-every signal stays inside it. gpu1 runs a healthy job, gpu2 a job that crashes two steps after each
+every signal stays inside it. gpu1 runs a healthy job, gpu2 a job that crashes about 3 s after each
 start. Each relaunch case prints its failure-to-running latency, split into detection (the failure ->
 the rulebook received the alert) and relaunch (received -> the relaunch proved the new run started).
 """
@@ -111,7 +111,7 @@ def test_a_crash_loop_is_refused_alerts_and_is_not_retried(chain: Chain) -> None
     started = chain.launch("gpu2")
     assert started["relaunched"] is True
     old, before, runs = chain.run_record("gpu2"), chain.summary_stamp("gpu2"), len(chain.rulebook.recaps())
-    # The job crashes two steps after its start (exit 3): the chain relaunches it once (max_relaunches=1)...
+    # The job crashes about 3 s after its start (exit 3): the chain relaunches it once (max_relaunches=1)...
     crashed_at = wait_until(lambda: chain.exit_time("gpu2"), timeout=30, what="gpu2's crash")
     relaunched(chain, "gpu2", crashed_at, before, old, runs, "crash (exit 3)")
     # ... it crashes again, and the crash-loop guard refuses: nothing is stopped or started.
