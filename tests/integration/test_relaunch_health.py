@@ -22,6 +22,7 @@ import pytest
 from tests.harness.pidns import PidNamespace, nsenter_vars, pid_namespace, process_starttime
 from tests.harness.playbook import REPO, PlaybookRun, run_playbook
 from tests.harness.procstates import host_pid, wait_until
+from tests.harness.prometheus import parse_exposition, sample
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +114,19 @@ def reaping_site_fixture(tmp_path) -> Iterator[Site]:
         yield Site(tmp_path, namespace)
 
 
+def textfile(site: Site, name: str) -> dict:
+    """A metrics file of the site's job in its textfile directory, as Prometheus reads it."""
+    return parse_exposition((site.work / "textfiles" / name).read_text(encoding="utf-8"))
+
+
+def with_textfiles(site: Site, live: bool) -> None:
+    """relaunch_metrics_dir (the relaunch's file), and with `live` job_launch_metrics_dir (the node's)."""
+    (site.work / "textfiles").mkdir(mode=0o755)
+    site.vars["relaunch_metrics_dir"] = str(site.work / "textfiles")
+    if live:
+        site.vars["job_launch_metrics_dir"] = str(site.work / "textfiles")
+
+
 def summary(run: PlaybookRun, ok: bool = True) -> dict[str, Any]:
     if ok:
         assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
@@ -125,6 +139,7 @@ def changed_tasks(run: PlaybookRun) -> list[str]:
 
 def test_a_stalled_job_is_relaunched_with_evidence_and_resumed(site: Site) -> None:
     site.vars["job_launch_command"] += ["--step-interval", "0.2", "--stall-at-step", "3"]
+    with_textfiles(site, live=True)
     first = summary(site.relaunch())
     assert first["action"] == "relaunch" and first["health"]["state"] == "missing" and first["resumed"] is False
     stalled = site.health_until("stalled")
@@ -152,6 +167,14 @@ def test_a_stalled_job_is_relaunched_with_evidence_and_resumed(site: Site) -> No
     assert "resuming from latest" in site.log.read_text()
     stats = json.loads(run.stdout)["global_custom_stats"]["relaunch_summary"]["ct"]
     assert stats["incident"] == done["incident"] and stats["health"]["state"] == "stalled"
+    # The metrics after the run: the node's live file says the resumed run runs, the relaunch's file
+    # counts this relaunch and keeps what the probe saw; the health series are in the live file only.
+    labels = {"gpuops_job": "health", "gpuops_host": "ct"}
+    assert sample(textfile(site, "gpuops_job_health.prom"), "gpuops_job_health", **labels, state="running") == 1
+    relaunch_file = textfile(site, "gpuops_relaunch_health.prom")
+    assert sample(relaunch_file, "gpuops_job_recent_relaunches", **labels) == 1
+    assert sample(relaunch_file, "gpuops_relaunch_probe_health", **labels, state="stalled") == 1
+    assert not {"gpuops_job_health", "gpuops_job_last_step"} & {name for name, _labels in relaunch_file}
     # The resumed run progresses: the next relaunch leaves it alone.
     again = site.relaunch()
     assert summary(again)["action"] == "none" and changed_tasks(again) == []
@@ -173,9 +196,18 @@ def test_a_finished_job_is_left_alone_unless_forced(site: Site) -> None:
 
 def test_a_crashing_job_is_relaunched_until_the_guard_stops_it(site: Site) -> None:
     site.vars["job_launch_command"] += ["--step-interval", "1.5", "--crash-at-step", "2", "--exit-code", "7"]
+    with_textfiles(site, live=False)
     first = summary(site.relaunch())
     site.health_until("crashed")
     again = summary(site.relaunch())
+    # Without a live file the relaunch's file tells the job after the run: its new run runs, this
+    # relaunch counted; what the probe saw (crashed) is its own series.
+    relaunch_file = textfile(site, "gpuops_relaunch_health.prom")
+    labels = {"gpuops_job": "health", "gpuops_host": "ct"}
+    assert sample(relaunch_file, "gpuops_job_health", **labels, state="running") == 1
+    assert sample(relaunch_file, "gpuops_job_health", **labels, state="crashed") == 0
+    assert sample(relaunch_file, "gpuops_relaunch_probe_health", **labels, state="crashed") == 1
+    assert sample(relaunch_file, "gpuops_job_recent_relaunches", **labels) == 1
     assert again["relaunched"] is True and again["health"]["state"] == "crashed" and again["health"]["exit_code"] == 7
     assert again["resumed"] is True and Path(again["incident"]).is_file() and int(again["job"]["pid"]) != int(
         first["job"]["pid"])
