@@ -123,7 +123,7 @@ class Chain:
             return None
         return stat.st_ino, stat.st_mtime_ns
 
-    def next_summary(self, host: str, after: tuple[int, int] | None, timeout: float = 60) -> tuple[dict[str, Any], float]:
+    def next_summary(self, host: str, after: tuple[int, int] | None, timeout: float = 90) -> tuple[dict[str, Any], float]:
         """The host's next relaunch summary (written by a run that ended after `after`), and when it was seen."""
         def written() -> dict[str, Any] | None:
             stamp = self.summary_stamp(host)
