@@ -135,6 +135,7 @@ bench: setup prometheus-tools
 	$(PY) bench/fleet_relaunch.py
 	$(PY) bench/pct_connection.py
 	$(PY) bench/event_chain_latency.py
+	$(PY) bench/live_health_cpu.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)
