@@ -192,7 +192,10 @@ def test_a_trainer_killed_inside_a_shell_pipeline_is_crashed_not_finished(ns: Ta
 
 def test_a_run_gone_without_an_exit_record_is_missing_and_relaunched(ns: Target) -> None:
     """A container reboot, simulated: the supervisor and the job killed by their recorded pids."""
-    first = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
+    textfiles = ns.work / "textfiles"
+    textfiles.mkdir()
+    first = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"), metrics_dir=str(textfiles),
+                 metrics_host="ct")
     supervisor, job = ns.host_pid(first["supervisor_pid"]), ns.host_pid(first["pid"])
     assert supervisor and job
     starts = {pid: process_starttime(pid) for pid in (supervisor, job)}
@@ -203,6 +206,9 @@ def test_a_run_gone_without_an_exit_record_is_missing_and_relaunched(ns: Target)
                            for pid in (first["supervisor_pid"], first["pid"])), what="the run gone")
     missing = once(ns, "health")
     assert missing["health"]["state"] == "missing" and missing["running"] is False
+    # Nothing on the node keeps the live file now: the task that found the run missing wrote it.
+    assert 'gpuops_job_health{gpuops_job="job",gpuops_host="ct",state="missing"} 1' in (
+        textfiles / "gpuops_job_job.prom").read_text(encoding="utf-8")
     assert missing["health"]["run_id"] == first["run_id"] and missing["relaunch_guard"]["needed"] is True
     would = once(ns, check=True, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
     assert would["operation"] == "start" and would["resumed"] is True

@@ -41,7 +41,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor i
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import JobJudge, Judgement
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path, refresh_once
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import rotation_plan, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import (
     Operation,
@@ -155,6 +155,10 @@ class LaunchController:
         result["health"] = judgement.health.as_dict()
         # The recorded run's live file (the node keeps the health there), if its start set metrics_dir.
         result["live_metrics"] = live_path(judge.launch_of(status.run))
+        if result["live_metrics"] is not None and judgement.health.state is Health.MISSING and not self.check_mode:
+            # Nothing on the node writes it any more (the supervisor or the unit is gone with the job,
+            # a reboot): the task that finds the run missing says so there (never raises).
+            refresh_once(self.options.job_dir, str(status.run.get("run_id")))
         if cleared is not None:
             result["guard_cleared"] = cleared
             result["changed"] = cleared > 0

@@ -131,12 +131,19 @@ def remove_live_file(path: str) -> bool:
     return True
 
 
-def _identity_alive(run: dict[str, Any]) -> bool:
-    """Whether the recorded main process runs: its pid still has the recorded start time."""
+def _identity_alive(run: dict[str, Any], proc_root: str = "/proc") -> bool:
+    """Whether the recorded main process runs: its pid still has the recorded start time, and it is
+    not a zombie (one that ended where nothing reaps it, as under a container init that never does)."""
     pid, starttime = run.get("pid"), run.get("starttime")
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or not isinstance(starttime, int):
         return False
-    return jobfiles.process_starttime(pid) == starttime
+    try:
+        with open("%s/%d/stat" % (proc_root, pid), "rb") as handle:
+            raw = handle.read(4096)
+        fields = raw[raw.rindex(b")") + 2:].split()
+        return fields[0] not in (b"Z", b"X") and int(fields[19]) == starttime
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def assess(job_dir: str, settings: LiveSettings, run: dict[str, Any], alive: bool | None,

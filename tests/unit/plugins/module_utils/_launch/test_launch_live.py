@@ -189,3 +189,20 @@ def test_the_private_copy_watches_a_real_process_alone(tmp_path) -> None:
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_a_zombie_main_process_is_not_alive(tmp_path) -> None:
+    """Under an init that never reaps, a killed job stays a zombie with its pid and start time."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        starttime = process_starttime(child.pid)
+        run = {"pid": child.pid, "starttime": starttime}
+        wait_until(lambda: Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+                   what="the child a zombie")
+        assert process_starttime(child.pid) == starttime  # the identity still matches...
+        assert live._identity_alive(run) is False  # ...but it runs nothing
+        assert live._identity_alive({"pid": os.getpid(), "starttime": process_starttime(os.getpid())}) is True
+        assert live._identity_alive({"pid": os.getpid(), "starttime": 1}) is False
+        assert live._identity_alive({"pid": True, "starttime": 1}) is False
+    finally:
+        child.wait()
