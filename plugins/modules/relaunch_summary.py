@@ -63,6 +63,11 @@ options:
         for node_exporter's textfile collector, with M(gpuops.relaunch.relaunch_metrics). The directory must exist.
       - The file is rewritten on every run (in check mode it is not written); it is a report, so the task stays unchanged
         (RV(metrics_changed) says whether anything but the run's timestamp differs).
+      - It tells the job after this run acted (C(after) of the summary - the new run after a relaunch, this relaunch
+        counted), what the probe saw before as C(gpuops_relaunch_probe_health), and carries C(gpuops_host), the
+        inventory hostname. When the job keeps a live file (M(gpuops.relaunch.train_launch)'s
+        O(gpuops.relaunch.train_launch#module:metrics_dir), C(live_metrics) of the summary) the job's health series are
+        that file's and left out here.
       - See R(the metrics guide,ansible_collections.gpuops.relaunch.docsite.guide_metrics).
     type: str
     default: ""
@@ -112,6 +117,10 @@ summary:
       proved it this job's, ended as this job's: C(pid), C(marked_job_dir), C(seen_by) V(stop) or V(cleanup)), C(job)
       (operation, pid, log_path, ready_line), C(seconds) (per phase that ran (stop, cleanup,
       drain, container_reset, launch), the modules' own elapsed time, and C(rank).
+    - C(health) is what the probe saw before the run acted; C(after) the job after it - C(state) (V(running) once a
+      relaunch's start was proven, V(unknown) after a failed relaunch, else the probe's) and C(recent_relaunches) (the
+      crash-loop guard's count, this run's relaunch included). C(live_metrics) is the job's live file (train_launch's
+      O(gpuops.relaunch.train_launch#module:metrics_dir)) or null.
     - Also RV(msg), the fact C(relaunch_summary) and set_stats C(relaunch_summary).
   returned: always
   type: dict
