@@ -356,7 +356,7 @@ options:
         the job's exit (crashed, finished, stopped), within O(stall_after) plus 5 seconds of its last progress line
         (stalled), and every 5 seconds while it runs (C(gpuops_job_seconds_since_progress), C(gpuops_job_last_step)).
         The supervisor does it beside its wait; with O(backend=systemd), a second transient unit
-        C(gpuops-NAME-live.service) bound to the job's unit, and the unit's C(ExecStopPost) at its end.
+        C(gpuops-live:NAME.service) bound to the job's unit, and the unit's C(ExecStopPost) at its end.
       - The judgement is O(state=health)'s, from a standard-library copy in the job's state directory next to the
         supervisor's; the file is replaced whole (a temporary file renamed over it, a symlink at its name replaced,
         never followed). It holds the job's health series (C(gpuops_job_health), C(gpuops_job_seconds_since_progress),

@@ -101,7 +101,7 @@ def test_systemd_backend_lifecycle(container, tmp_path: Path) -> None:
     assert play(ct, tmp_path, [start]).result("launch")["changed"] is False
 
     # The node keeps the job's health live: a second unit bound to the job's looks every few seconds.
-    live_unit = show(ct, "gpuops-job-live.service", "ActiveState", "BindsTo")
+    live_unit = show(ct, "gpuops-live:job.service", "ActiveState", "BindsTo")
     assert live_unit["ActiveState"] == "active" and "gpuops-job.service" in live_unit["BindsTo"]
     assert live_state(ct) == "running"
     wait_until(lambda: re.search(r"^gpuops_job_last_step\{[^}]*\} [1-9]", ct.path(
@@ -119,7 +119,7 @@ def test_systemd_backend_lifecycle(container, tmp_path: Path) -> None:
     # Killed inside the container: the unit's ExecStopPost writes crashed at once, and the live unit goes with it.
     ct.run_inside(["kill", "-KILL", str(restarted["pid"])])
     wait_until(lambda: live_state(ct) == "crashed", timeout=60, what="the live file to say crashed", interval=0.2)
-    wait_until(lambda: show(ct, "gpuops-job-live.service", "LoadState")["LoadState"] == "not-found", timeout=60,
+    wait_until(lambda: show(ct, "gpuops-live:job.service", "LoadState")["LoadState"] == "not-found", timeout=60,
                what="the live unit gone with the job's", interval=0.2)
     relaunched = play(ct, tmp_path, [start]).result("launch")
     assert relaunched["changed"] is True and relaunched["health"]["state"] == "crashed"

@@ -78,8 +78,12 @@ def systemd_run_argv(
 
 
 def live_unit_name(job_name: str) -> str:
-    """The unit that keeps the job's live file (see _launch/live.py)."""
-    return f"gpuops-{job_name}-live.service"
+    """The unit that keeps the job's live file (see _launch/live.py).
+
+    A ':' no job name holds (names are [A-Za-z0-9_.-]): "gpuops-NAME-live" would be the main unit of
+    the job named "NAME-live", and the stop before a start would stop that job.
+    """
+    return f"gpuops-live:{job_name}.service"
 
 
 def live_unit_argv(unit: str, live_unit: str, watch: Sequence[str], description: str) -> list[str]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.systemd import (
     main_pid,
     parse_show,
@@ -67,3 +71,17 @@ def test_parse_show() -> None:
     gone = parse_show("LoadState=not-found\nActiveState=inactive\nMainPID=0\n")
     assert not unit_active(gone) and main_pid(gone) == 0
     assert main_pid({}) == 0
+
+
+@pytest.mark.parametrize("name", ["a", "a-live", "live", "x.y_z-1"])
+def test_the_live_unit_is_never_another_jobs_unit(name) -> None:
+    """The start stops an earlier live unit of the job first: its name must never be a job's own unit
+    ("gpuops-a-live.service" is the job "a-live"'s)."""
+    live = systemd.live_unit_name(name)
+    assert live == f"gpuops-live:{name}.service"
+    for other in ("a", "a-live", "live", "live:a", "x.y_z-1", name):
+        if NAME_PATTERN.match(other):
+            assert systemd.unit_name(other) != live
+    argv = systemd.live_unit_argv("gpuops-a.service", live, ["/usr/bin/python3", "-I", "/s/live.py", "watch", "/s", "r"],
+                                  "d")
+    assert "--property=BindsTo=gpuops-a.service" in argv and argv[argv.index("--") + 1:][0] == "/usr/bin/python3"
