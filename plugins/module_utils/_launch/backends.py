@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from typing import Any, Callable, Protocol
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
@@ -171,12 +172,18 @@ class SystemdBackend:
             # The node keeps the live file: a second unit, bound to the job's, looks every live.PERIOD
             # seconds (the job unit's ExecStopPost writes its end at once). An earlier run's goes first.
             live_unit = systemd.live_unit_name(options.name)
-            systemd.stop_if_loaded(live_unit)
-            systemd.start_unit(systemd.live_unit_argv(
-                self.unit, live_unit,
-                [self.python, "-I", os.path.join(self.records.job_dir, LIVE_FILE), "watch", self.records.job_dir,
-                 launch["run_id"]],
-                f"gpuops.relaunch live health of job {options.name}"))
+            try:
+                systemd.stop_if_loaded(live_unit)
+                systemd.start_unit(systemd.live_unit_argv(
+                    self.unit, live_unit,
+                    [self.python, "-I", os.path.join(self.records.job_dir, LIVE_FILE), "watch", self.records.job_dir,
+                     launch["run_id"]],
+                    f"gpuops.relaunch live health of job {options.name}"))
+            except (OSError, subprocess.SubprocessError) as exc:
+                # The job runs: its monitoring is not worth stopping it for. The start and the unit's
+                # ExecStopPost still write the file; the result says what is missing.
+                self.records.problems.append(f"metrics_dir: the live unit {live_unit} did not start ({exc}); the live "
+                                             "file is written at the start and at the job's end only")
 
     def run_record(self, run_id: str) -> dict | None:
         run = self.records.read_run()
