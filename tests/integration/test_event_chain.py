@@ -82,6 +82,8 @@ def test_a_stopped_job_is_stalled_and_relaunched_by_the_chain(chain: Chain) -> N
 
 
 def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_nothing(chain: Chain) -> None:
+    """Also: labels that are no job or host name (any scrape target can export gpuops_job_health) never reach
+    Ansible, whose templating would run what they say on the controller."""
     [*_, last] = chain.events_for("gpu1", 0)
     old = chain.run_record("gpu1")
     runs = len(chain.rulebook.recaps())
@@ -89,9 +91,16 @@ def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_
     wait_until(lambda: time.time() - received_at(last) > THROTTLE_S + 0.5, timeout=THROTTLE_S + 5,
                what="the throttle window to pass", interval=0.2)
     before = chain.summary_stamp("gpu1")
-    # The same Alertmanager payload twice at once (a burst), then one that names another job.
+    # The same Alertmanager payload twice at once (a burst), two with labels that are no names, then one
+    # that names another job. One run per host at a time, in order: a run for a bad label would come
+    # before the other job's.
     assert chain.rulebook.post(last["payload"]) == 200
     assert chain.rulebook.post(last["payload"]) == 200
+    pwned = chain.work / "pwned"
+    for label, value in (("gpuops_job", "{{ lookup('ansible.builtin.pipe', 'touch %s') }}" % pwned), ("gpuops_host", "all")):
+        bad = json.loads(json.dumps(last["payload"]))
+        bad["groupLabels"][label] = bad["commonLabels"][label] = value
+        assert chain.rulebook.post(bad) == 200
     other = json.loads(json.dumps(last["payload"]))
     other["groupLabels"]["gpuops_job"] = other["commonLabels"]["gpuops_job"] = "renamed-away"
     assert chain.rulebook.post(other) == 200
@@ -108,6 +117,9 @@ def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_
     assert elsewhere["why"] == ("the alert names the job 'renamed-away', but this host's job (job_launch_name) is "
                                 "'train': nothing is done")
     assert chain.run_record("gpu1")["run_id"] == old["run_id"]
+    # All five posts arrived; the bad ones matched no rule: no run, nothing templated.
+    assert len([event for event in chain.rulebook.events() if received_at(event) > received_at(last) + 1]) == 5
+    assert len(chain.rulebook.recaps()) == runs + 2 and not pwned.exists()
 
 
 def test_a_crash_loop_is_refused_alerts_and_is_not_retried(chain: Chain) -> None:
