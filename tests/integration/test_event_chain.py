@@ -37,11 +37,8 @@ pytestmark = pytest.mark.slow
 
 # The rulebook's throttle window (rulebooks/relaunch_on_alert.yml: once_within).
 THROTTLE_S = 10
-# Failure -> running: the goal is 30 s on a 2-core machine with 1 s scrape and evaluation intervals
-# (bench/event_chain_latency.py measures it: 5 to 10 s). Here the chain shares the machine with the rest
-# of `make test`, so the bound is twice that: still seconds where the watchdog took up to 10 minutes.
-GOAL_S = 30
-BOUND_S = 2 * GOAL_S
+# The chain's speed (failure -> running, the issue's goal 30 s) is measured by bench/event_chain_latency.py;
+# a test never asserts a wall-clock time: it waits for each step with a deadline and prints the latency.
 
 
 @pytest.fixture(name="chain", scope="module")
@@ -52,11 +49,10 @@ def chain_fixture(tmp_path_factory) -> Iterator[Chain]:
 
 def relaunched(chain: Chain, host: str, failed_at: float, before: tuple[int, int] | None, old: dict[str, Any],
                runs: int, what: str) -> dict[str, Any]:
-    """The chain's relaunch after a failure: proven started, in at most BOUND_S, its latency printed."""
+    """The chain's relaunch after a failure: proven started (each step waited for with a deadline), its latency printed."""
     summary, detection, relaunch = relaunched_through_the_chain(chain, host, failed_at, before, old, runs)
     total = detection + relaunch
     print(f"\n{what}: failure -> running {total:.1f}s (detection {detection:.1f}s, relaunch {relaunch:.1f}s)")
-    assert total <= BOUND_S, f"{what}: {total:.1f}s, more than {BOUND_S}s (the goal is {GOAL_S}s)"
     return summary
 
 
