@@ -50,7 +50,8 @@ description:
     runtime) and so loses the mark is still the job - running, and left alone by a second
     O(state=started). Ancestry outranks marks; below the proven supervisor, only another job that is
     itself proven (its records believed, its recorded supervisor or run alive) keeps its subtree; a process
-    whose marks merely name another job is this job's (RV(stop.mark_conflicts)). No process group is ever signalled as a whole; each member goes through the collection's signal gate, which
+    whose marks merely name another job is this job's (RV(stop.mark_conflicts)). No process group is
+    ever signalled as a whole; each member goes through the collection's signal gate, which
     never signals PID 1, the module and its ancestors, members of the module's own process group,
     kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).
     A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
@@ -687,7 +688,11 @@ stop:
           proven (its records believed, its recorded supervisor or run alive and carrying its mark).
       type: list
       elements: dict
-      sample: [{"pid": 4250, "comm": "python3", "marked_job_dir": "/var/lib/gpuops/eval", "reason": "its marks name another job, but it descends from this job's proven supervisor: this job's"}]
+      sample:
+        - pid: 4250
+          comm: python3
+          marked_job_dir: /var/lib/gpuops/eval
+          reason: "its marks name another job, but it descends from this job's proven supervisor: this job's"
     remaining:
       description:
         - What still ran at the deadline (only on failure), with C(protected) saying why a process

@@ -184,8 +184,7 @@ def test_each_include_is_its_own_relaunch_and_writes_its_own_file(tmp_path):
         assert json.loads((summary_dir / f"{encoded}@second-{os.getpid()}.json").read_text(encoding="utf-8")) == second
         assert set(json.loads((summary_dir / "fleet.json").read_text(encoding="utf-8"))["hosts"]) == {host}
     finally:
-        run_playbook([{"name": "stop", "hosts": "all", "gather_facts": False, "tasks": [
-            {"name": "Stop", "gpuops.relaunch.train_launch": {"name": f"{job}-{os.getpid()}", "state": "stopped",
-                                                              "state_dir": state_dir}} for job in ("first", "second")]}],
-                     inventory=str(inventory))
+        stops = [{"name": "Stop", "gpuops.relaunch.train_launch": {
+            "name": f"{job}-{os.getpid()}", "state": "stopped", "state_dir": state_dir}} for job in ("first", "second")]
+        run_playbook([{"name": "stop", "hosts": "all", "gather_facts": False, "tasks": stops}], inventory=str(inventory))
         end_recorded_runs(state_dir)

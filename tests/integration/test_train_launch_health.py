@@ -267,7 +267,7 @@ BAD_HEALTH_OPTIONS = [
 def test_bad_health_options_are_refused_naming_them(ns: Target) -> None:
     # One play, a task per case (ignore_errors): one namespace and one ansible-playbook start for all.
     tasks = []
-    for index, (options, _) in enumerate(BAD_HEALTH_OPTIONS):
+    for index, (options, _named) in enumerate(BAD_HEALTH_OPTIONS):
         tasks.append(dict(task(ns, task_name=f"bad {index}", **options), ignore_errors=True))
     run = ns.play(tasks)
     for index, (options, named) in enumerate(BAD_HEALTH_OPTIONS):

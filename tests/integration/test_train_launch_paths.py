@@ -288,8 +288,8 @@ def test_a_chdir_and_a_program_are_checked_as_the_jobs_user_and_never_followed_a
                                chdir=str(workdir))
     started = target.play([start]).result("launch")
     assert started["running"] is True, started
-    look = {"name": "health", "gpuops.relaunch.train_launch": {"name": "job", "state": "health",
-                                                                "state_dir": target.state_dir}}
+    look = {"name": "health",
+            "gpuops.relaunch.train_launch": {"name": "job", "state": "health", "state_dir": target.state_dir}}
 
     def restart(**changes: Any) -> dict[str, Any]:
         return {"name": "launch", "ignore_errors": True, "gpuops.relaunch.train_launch": dict(

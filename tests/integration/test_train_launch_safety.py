@@ -244,7 +244,7 @@ def test_numbers_that_never_end_are_refused(local: Target) -> None:
     tasks = [dict(local.launch_task(task_name=option, **{option: value}), ignore_errors=True)
              for option, value in NUMBERS_THAT_NEVER_END]
     run = local.play(tasks, timeout=60)
-    for option, _ in NUMBERS_THAT_NEVER_END:
+    for option, _value in NUMBERS_THAT_NEVER_END:
         result = run.result(option)
         assert result["failed"] is True and result["msg"].startswith(f"{option}: ")
         assert [problem["option"] for problem in result["option_problems"]] == [option]

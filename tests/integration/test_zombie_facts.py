@@ -224,7 +224,7 @@ def test_bad_input_fails_clearly(local_inventory):
     # ansible-playbook start for each.
     play = [{"name": "bad input", "hosts": "all", "gather_facts": False, "tasks": [
         {"name": f"bad {index}", "gpuops.relaunch.zombie_facts": args, "ignore_errors": True}
-        for index, (args, _) in enumerate(BAD_INPUT)]}]
+        for index, args in enumerate(args for args, _message in BAD_INPUT)]}]
     run = run_playbook(play, inventory=local_inventory)
     for index, (args, message) in enumerate(BAD_INPUT):
         result = run.result(f"bad {index}")

@@ -603,7 +603,8 @@ def _read_bounded(proc: "subprocess.Popen[bytes]", deadline: Deadline) -> bytes:
     """All of `proc`'s stdout and its exit, by `deadline`; never more than MAX_OUTPUT_BYTES held.
 
     Raises subprocess.TimeoutExpired at the deadline, _OutputTooLarge past the bound."""
-    assert proc.stdout is not None
+    if proc.stdout is None:
+        raise ValueError("_read_bounded needs a process started with stdout=PIPE")
     fd = proc.stdout.fileno()
     chunks: list[bytes] = []
     size = 0

@@ -212,8 +212,8 @@ def account_name(user) -> str:
 def working_directory_error(chdir: str, user, exc: OSError) -> str:
     if isinstance(exc, FileNotFoundError):
         return "the working directory %r does not exist (for user %s)" % (chdir, account_name(user))
-    return "the working directory %r cannot be entered as user %s: %s" % (chdir, account_name(user),
-                                                                         exc.strerror or exc)
+    return "the working directory %r cannot be entered as user %s: %s" % (
+        chdir, account_name(user), exc.strerror or exc)
 
 
 def find_program(program: str, search_path: str):
@@ -222,8 +222,8 @@ def find_program(program: str, search_path: str):
     As execvpe looks: a name with a slash as it is (relative to the working directory), any other on
     the PATH. (None, why) where none can be executed.
     """
-    candidates = [program] if "/" in program else [os.path.join(directory, program)
-                                                     for directory in search_path.split(":")]
+    candidates = [program] if "/" in program else [
+        os.path.join(directory, program) for directory in search_path.split(":")]
     why = "not found"
     for candidate in candidates:
         try:

@@ -233,8 +233,8 @@ def test_reset_guard_never_writes_through_a_symlink(tmp_path, job) -> None:
     # r1 crashed by itself: that stays its own failure, and a relaunch of it is still one.
     ({"exit_code": 3, "exit_signal": None}, None, True),
 ], ids=["stopped-healthy", "crashed"])
-def test_a_start_that_fails_is_the_relaunchs_own_failure_never_missing(tmp_path, job, monkeypatch, before, found,
-                                                                      counted) -> None:
+def test_a_start_that_fails_is_the_relaunchs_own_failure_never_missing(
+        tmp_path, job, monkeypatch, before, found, counted) -> None:
     """A start whose program cannot be executed (its interpreter is gone): nothing of the job ran, so
     the job is what it was before the start - never missing (counted by the guard, resumed)."""
     monkeypatch.setattr(control, "EXIT_SETTLE_WAIT", 0.0)

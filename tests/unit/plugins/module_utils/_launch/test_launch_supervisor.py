@@ -263,11 +263,11 @@ def swapped_workdir_fixture():
         (base / "vault" / "inner" / "secret").write_text("root's secret\n")
         (base / "home").mkdir()
         os.chown(base / "home", 65534, 65534)
-        as_nobody = {"user": 65534, "group": 65534, "extra_groups": [], "check": True, "timeout": 30}
-        subprocess.run(["mkdir", str(base / "home" / "work")], **as_nobody)
-        subprocess.run(["sh", "-c", f"echo nobody\\'s own > {base}/home/work/secret"], **as_nobody)
-        subprocess.run(["mv", str(base / "home" / "work"), str(base / "home" / "work.old")], **as_nobody)
-        subprocess.run(["ln", "-s", str(base / "vault" / "inner"), str(base / "home" / "work")], **as_nobody)
+        as_nobody = {"user": 65534, "group": 65534, "extra_groups": [], "timeout": 30}
+        subprocess.run(["mkdir", str(base / "home" / "work")], check=True, **as_nobody)
+        subprocess.run(["sh", "-c", f"echo nobody\\'s own > {base}/home/work/secret"], check=True, **as_nobody)
+        subprocess.run(["mv", str(base / "home" / "work"), str(base / "home" / "work.old")], check=True, **as_nobody)
+        subprocess.run(["ln", "-s", str(base / "vault" / "inner"), str(base / "home" / "work")], check=True, **as_nobody)
         yield str(base / "home" / "work"), str(base / "home" / "work.old")
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -291,8 +291,8 @@ def run_backend(backend: str, job_dir: Path, log: Path) -> int:
 
 @pytest.mark.parametrize("backend", ["supervisor", "systemd-exec"])
 @pytest.mark.parametrize("user", ["nobody", None], ids=["as-nobody", "as-root"])
-def test_a_chdir_swapped_for_a_symlink_is_never_followed_as_root(job_dir, tmp_path, swapped_workdir, backend,
-                                                                  user) -> None:
+def test_a_chdir_swapped_for_a_symlink_is_never_followed_as_root(
+        job_dir, tmp_path, swapped_workdir, backend, user) -> None:
     """Between two runs the job's user swaps its working directory for a link into a root-only place:
     the job must not start there (it would read root's file through its working directory)."""
     planted, _real = swapped_workdir
