@@ -114,34 +114,10 @@ def node_exporter(textfile_dir: Path, log_dir: Path) -> Iterator[Exporter]:
     """The real node_exporter with only the textfile collector, on 127.0.0.1 and a free port."""
     require(NODE_EXPORTER)
     port = free_port()
-    log = log_dir / "node_exporter.log"
-    with open(log, "wb") as output:
-        proc = subprocess.Popen(
-            [str(NODE_EXPORTER), "--collector.disable-defaults", "--collector.textfile",
-             f"--collector.textfile.directory={textfile_dir}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-        )
-    exporter = Exporter(proc.pid, f"http://127.0.0.1:{port}/metrics", log)
-    try:
-        def answers() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"node_exporter exited ({proc.returncode}): {log.read_text(errors='replace')}")
-            try:
-                exporter.scrape()
-            except (urllib.error.URLError, ConnectionError):
-                return False
-            return True
-        wait_until(answers, timeout=30, what=f"node_exporter to answer on {exporter.url}", interval=0.05)
-        yield exporter
-    finally:
-        # Only the process this started, by the pid Popen recorded.
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+    argv = [str(NODE_EXPORTER), "--collector.disable-defaults", "--collector.textfile",
+            f"--collector.textfile.directory={textfile_dir}", f"--web.listen-address=127.0.0.1:{port}"]
+    with serve(argv, "node_exporter", log_dir, f"http://127.0.0.1:{port}", "/metrics", timeout=30) as service:
+        yield Exporter(service.pid, service.url + "/metrics", service.log)
 
 
 @dataclass
