@@ -82,7 +82,8 @@ demo: setup
 PYTEST_WORKERS ?= 3
 pytest: setup prometheus-tools
 	@# Exit code 5 means "no tests collected": that is a failure here, never a pass.
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/integration
+	@# GPUOPS_REQUIRE_TOOLS: a test whose unpacked Debian binaries are missing fails here instead of skipping.
+	GPUOPS_REQUIRE_TOOLS=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/integration
 
 # ansible-test wants a real tree under ansible_collections/<ns>/<name>: copy what git tracks
 # (plus new files), make it a repository of its own, and run there. Its get-pip download is answered offline by tools/get_pip_standin.py.

@@ -28,11 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.harness.playbook import REPO
 from tests.harness.procstates import wait_until
-from tests.harness.prometheus import free_port
+from tests.harness.prometheus import free_port, skip_or_fail
 
 BIN = Path(sys.executable).parent
 RULEBOOK = BIN / "ansible-rulebook"
@@ -51,12 +49,13 @@ def java_home() -> Path | None:
 
 
 def require() -> Path:
-    """Skip, naming what installs it, where ansible-rulebook or Java 17 is missing; the JAVA_HOME to use."""
+    """Skip (fail under `make test`), naming what installs it, where ansible-rulebook or Java 17 is missing;
+    the JAVA_HOME to use."""
     if not RULEBOOK.is_file():
-        pytest.skip("ansible-rulebook missing: run `make venv` (requirements/test.txt)")
+        skip_or_fail("ansible-rulebook missing: run `make venv` (requirements/test.txt)")
     home = java_home()
     if home is None:
-        pytest.skip("no Java 17 runtime under /usr/lib/jvm: run `make apt` (openjdk-17-jre-headless)")
+        skip_or_fail("no Java 17 runtime under /usr/lib/jvm: run `make apt` (openjdk-17-jre-headless)")
     return home
 
 
