@@ -41,7 +41,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor i
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import JobJudge, Judgement
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path, refresh_once
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import EXIT_SETTLE_WAIT, live_path, refresh_once
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import rotation_plan, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import (
     Operation,
@@ -61,10 +61,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict impo
 # remove_path: the tests' and other callers' name for the executor's removal.
 __all__ = ["LaunchController", "LaunchError", "remove_path"]
 
-# A main process that has just ended gets its exit record within moments (its supervisor writes it
-# right after reaping, systemd's ExecStopPost right after the unit stops): wait that long before
-# calling a run without one missing.
-EXIT_SETTLE_WAIT = 2.0
 # The states that change the job, and so work under the job's lock.
 CHANGING_STATES = START_STATES + (LaunchState.STOPPED.value,)
 

@@ -39,8 +39,10 @@ if not __package__:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import health  # pylint: disable=import-error
     import jobfiles  # pylint: disable=import-error
+    import polling  # pylint: disable=import-error
     import textfile  # pylint: disable=import-error
 else:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import polling
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import health, jobfiles
     from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics import textfile
 
@@ -52,7 +54,9 @@ LOCK_FILE = ".live.lock"
 # How often the file is rewritten while the job runs: its age and step are at most this old, a stall
 # is seen within this much of stall_after. An exit is written at once, not at the next period.
 PERIOD = 5.0
-# How long a main process that has just ended may take to get its exit record (the module's too).
+# A main process that has just ended gets its exit record within moments (its supervisor writes it
+# right after reaping, systemd's ExecStopPost right after the unit stops): wait that long before
+# calling a run without one missing (train_launch's judgement waits the same).
 EXIT_SETTLE_WAIT = 2.0
 
 
@@ -166,10 +170,7 @@ def assess(job_dir: str, settings: LiveSettings, run: dict[str, Any], alive: boo
     if ended is None and not running:
         # The exit record follows the end within moments (written right after the reaping, or by
         # ExecStopPost): wait that long, as the module does, before calling the run missing.
-        deadline = time.monotonic() + EXIT_SETTLE_WAIT
-        while ended is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            ended = exit_record()
+        ended = polling.Deadline(EXIT_SETTLE_WAIT).poll_for(exit_record, 0.05)
     moment = now()
     progress = None
     if ended is None and running and settings.pattern is not None:

@@ -73,6 +73,7 @@ if __name__ == "__main__":
     import live  # pylint: disable=import-error
 else:
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import options as _options
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import polling as _polling
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import terminal as _terminal
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import verdict as _verdict
@@ -725,7 +726,7 @@ def private_copies() -> tuple:
     """(file name, module) of every file the private copy imports from beside itself: each is standard
     library only but for its neighbours here (it imports them by bare name when it has no package)."""
     return ((SAFEPATH_FILE, safepath), (JOBFILES_FILE, jobfiles), ("options.py", _options), ("terminal.py", _terminal),
-            ("verdict.py", _verdict), ("health.py", _health), ("textfile.py", _textfile), (live.LIVE_FILE, live))
+            ("verdict.py", _verdict), ("polling.py", _polling), ("health.py", _health), ("textfile.py", _textfile), (live.LIVE_FILE, live))
 
 
 def install_supervisor(job_dir: str) -> str:
