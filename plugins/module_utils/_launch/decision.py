@@ -3,10 +3,12 @@
 """The relaunch's policy: whether a job is relaunched, left alone or refused, and why.
 
 Pure: the verdict on the job (HealthReport), whether it runs with another spec, log path or backend,
-the crash-loop guard's report and ``force`` in, a :class:`Decision` out. This replaces the Jinja that
-``playbooks/relaunch.yml`` used to carry (section 8 of the design: decisions belong in Python), and
-keeps its wording, so that a summary reads as it did. Decide on ``action`` (or ``relaunch``), never
-on ``why``: the text is for people.
+the crash-loop guard's report and ``force`` in, a :class:`Decision` out. Decide on ``action`` (or
+``relaunch``), never on ``why``: the text is for people.
+
+Whether a start appends resume_args is decided here too, once (:func:`would_resume`): the probe's
+decision says it and names the ``resume_mode`` that makes the start do the same, and the start
+(plan.py's Plan.resume) is made with the same function.
 """
 
 from __future__ import annotations
@@ -51,6 +53,28 @@ class Action(Enum):
 ACTION_WORDS = tuple(action.value for action in Action)
 
 
+def would_resume(resume_args: tuple[str, ...], resume: str, health: HealthReport) -> bool:
+    """Whether a start now appends resume_args: auto after a failed run, always after any run, never.
+
+    The one rule, for the probe's decision and for the start alike; never on a first launch.
+    """
+    if not resume_args:
+        return False
+    if resume == "auto":
+        return health.state.failed and health.has_run
+    return resume == "always" and health.has_run
+
+
+def resume_mode_for(resume: bool) -> str:
+    """The resume value that makes a later start of the same run do what `resume` says.
+
+    A relaunch stops the job before it starts it again, and the stop records the health it found, so
+    the start would judge the same; told ``always`` or ``never``, it cannot judge otherwise. With
+    ``always`` the start still appends resume_args only after a run (:func:`would_resume`).
+    """
+    return "always" if resume else "never"
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the relaunch does, why (for people), and whether the start appends resume_args."""
@@ -64,7 +88,8 @@ class Decision:
         return self.action is Action.RELAUNCH
 
     def as_dict(self) -> dict[str, Any]:
-        return {"action": self.action.value, "relaunch": self.relaunch, "why": self.why, "resume": self.resume}
+        return {"action": self.action.value, "relaunch": self.relaunch, "why": self.why, "resume": self.resume,
+                "resume_mode": resume_mode_for(self.resume)}
 
 
 def _finished(health: HealthReport) -> str:
@@ -97,7 +122,8 @@ def decide(health: HealthReport, other_spec: bool, guard: RelaunchGuard, guard_r
     wanted, why = _wanted(health, other_spec, force)
     if not wanted:
         return Decision(Action.NONE, why)
-    if guard_report.get("would_refuse"):
+    refusal = guard.refusal(guard_report, health.state.value)
+    if refusal is not None:
         # The same text state=started fails with: the guard counts, the decision only reports.
-        return Decision(Action.REFUSED, guard.refusal(guard_report["recent"], health.state.value))
+        return Decision(Action.REFUSED, refusal)
     return Decision(Action.RELAUNCH, why, resume)

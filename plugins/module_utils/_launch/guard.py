@@ -52,7 +52,15 @@ class RelaunchGuard:
             "would_refuse": needed and not self._allows(len(recent)),
         }
 
-    def refusal(self, recent: int, health: str) -> str:
+    def refusal(self, report: dict[str, Any], health: str) -> str | None:
+        """Why a start now is refused, or None when it is not: the one place the guard says no.
+
+        `report`: :meth:`report` for a start now; `health`: the verdict's word. The decision (decision.py)
+        and the plan (plan.py) both take their refusal from here, so a probe and a start say the same.
+        """
+        if not report.get("would_refuse"):
+            return None
+        recent = report["recent"]
         return (f"not relaunching: the job is {health}, and it was relaunched after a failure {recent} times "
                 f"within the last relaunch_window={self.window:g}s (max_relaunches={self.max_relaunches}); "
                 "look at the evidence, fix the cause, then raise the limit (max_relaunches), wait, or reset the "

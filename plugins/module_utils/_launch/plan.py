@@ -58,15 +58,6 @@ class Plan:
         return f" (the job was {failed.value}" + ("; resumed with resume_args)" if self.resume else ")")
 
 
-def would_resume(resume_args: tuple[str, ...], resume: str, health: HealthReport) -> bool:
-    """Whether a start now appends resume_args: auto after a failed run, always after any run, never."""
-    if not resume_args:
-        return False
-    if resume == "auto":
-        return health.state.failed and health.has_run
-    return resume == "always" and health.has_run
-
-
 def runs_with_this_spec(status: JobStatus, spec_hash: str, backend: str, log_path: str | None) -> bool:
     """Whether the recorded run is of this spec, backend and log path.
 
@@ -86,7 +77,5 @@ def plan_start(*, always_restart: bool, status: JobStatus, active: bool, health:
     if not always_restart and status.running and same_spec and health.state != Health.STALLED:
         return Plan(Operation.NONE, **common)
     operation = Operation.RESTART if active else Operation.START
-    refusal = None
-    if guard_report["would_refuse"]:
-        refusal = guard.refusal(guard_report["recent"], health.state.value)
+    refusal = guard.refusal(guard_report, health.state.value)
     return Plan(operation, refusal=refusal, rotated_log=rotated_log, removed_paths=removed_paths, **common)

@@ -10,10 +10,12 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision i
     STATE_WORDS,
     Action,
     decide,
+    resume_mode_for,
+    would_resume,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import RelaunchGuard
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import Operation, plan_start, would_resume
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import Operation, plan_start
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobStatus
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
@@ -53,8 +55,9 @@ RULES = [
 def test_each_rule(state, other_spec, force, resume, action, why) -> None:
     health = report(state)
     decision = decide(health, other_spec, GUARD, guard_report(health), force, resume)
+    resumes = resume and action == "relaunch"
     assert decision.as_dict() == {"action": action, "relaunch": action == "relaunch", "why": why,
-                                  "resume": resume and action == "relaunch"}
+                                  "resume": resumes, "resume_mode": "always" if resumes else "never"}
 
 
 @pytest.mark.parametrize("state", [Health.CRASHED, Health.STALLED, Health.MISSING])
@@ -64,7 +67,7 @@ def test_a_relaunch_past_the_guard_is_refused_with_the_guards_own_text(state) ->
     assert past["would_refuse"] is True
     decision = decide(health, False, GUARD, past, False, True)
     assert decision.action is Action.REFUSED and decision.relaunch is False and decision.resume is False
-    assert decision.why == GUARD.refusal(1, state.value)
+    assert decision.why == GUARD.refusal(past, state.value)
     assert "reset_guard=true / job_launch_reset_guard=true" in decision.why and "max_relaunches" in decision.why
 
 
@@ -129,4 +132,38 @@ def test_the_plan(state, running, same, always, operation, other) -> None:
 def test_the_plan_refuses_past_the_guard_with_its_text() -> None:
     made = plan(report(Health.CRASHED), False, True, recent=1)
     assert made.kind == "refuse" and made.operation is Operation.START
-    assert made.refusal == GUARD.refusal(1, "crashed")
+    assert made.refusal == GUARD.refusal(guard_report(report(Health.CRASHED), 1), "crashed")
+
+
+@pytest.mark.parametrize("state", [Health.CRASHED, Health.STALLED, Health.MISSING])
+def test_the_decision_and_the_plan_refuse_with_one_text(state) -> None:
+    # One refusal: what the probe's decision reports is what the start fails with.
+    health = report(state)
+    made = plan(health, False, True, recent=1)
+    decision = decide(health, False, GUARD, guard_report(health, 1), False, True)
+    assert decision.action is Action.REFUSED and made.refusal == decision.why
+
+
+def test_the_guard_refuses_only_what_its_report_refuses() -> None:
+    health = report(Health.CRASHED)
+    assert GUARD.refusal(guard_report(health, 0), "crashed") is None
+    assert GUARD.refusal(GUARD.report([{"at": NOW - 1}], NOW, needed=False), "crashed") is None
+    assert "relaunched after a failure 1 times" in GUARD.refusal(guard_report(health, 1), "crashed")
+
+
+@pytest.mark.parametrize("resume_args, mode, state, run_id", [
+    (resume_args, mode, state, run_id)
+    for resume_args in ((), ("--resume",))
+    for mode in ("auto", "always", "never")
+    for state in (Health.CRASHED, Health.STALLED, Health.RUNNING, Health.FINISHED, Health.MISSING)
+    for run_id in ("r1", None)
+])
+def test_the_start_told_the_probes_resume_mode_resumes_as_the_probe_said(resume_args, mode, state, run_id) -> None:
+    # The relaunch stops the job first; the stop records the health it found, so the start judges a run
+    # of the same health: told the decision's resume_mode, it appends resume_args exactly when the
+    # probe's decision said it would.
+    health = HealthReport(state, "why", run_id)
+    said = decide(health, True, GUARD, guard_report(health), True, would_resume(resume_args, mode, health)).as_dict()
+    assert said["action"] == "relaunch"
+    assert would_resume(resume_args, said["resume_mode"], health) is said["resume"]
+    assert said["resume_mode"] == resume_mode_for(said["resume"])

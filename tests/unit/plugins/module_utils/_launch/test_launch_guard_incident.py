@@ -32,7 +32,8 @@ def test_the_guard_counts_within_the_window() -> None:
     report = guard.report(history, 120.0, needed=True)
     assert report["recent"] == 1 and report["would_refuse"] is False
     assert guard.report(history, 60.0, needed=False)["would_refuse"] is False  # nothing to refuse
-    assert "max_relaunches=2" in guard.refusal(2, "crashed") and "relaunch_window=100s" in guard.refusal(2, "crashed")
+    refusal = guard.refusal(guard.report(history, 60.0, needed=True), "crashed")
+    assert "max_relaunches=2" in refusal and "relaunch_window=100s" in refusal and "2 times" in refusal
 
 
 def test_no_limit_and_zero() -> None:
