@@ -14,7 +14,7 @@ PROMTOOL  := $(PROM)/usr/bin/promtool
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup apt venv collection prometheus-tools demo test pytest sanity lint docs-lint rules-test molecule matrix bench clean
+.PHONY: setup apt venv demo-venv collection prometheus-tools demo test pytest sanity lint docs-lint rules-test molecule matrix bench clean
 
 setup: apt venv collection
 
@@ -39,6 +39,14 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: requirements/controller.txt requirements/test.txt requirements/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/test.txt
+	@touch $@
+
+# What the demo runs: a controller's packages (requirements/controller.txt: ansible-core, proxmoxer,
+# requests, paramiko), not the tests' toolchain. A venv that `make venv` filled has them already.
+demo-venv: $(VENV)/.installed-demo
+$(VENV)/.installed-demo: requirements/controller.txt requirements/constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/controller.txt
 	@touch $@
 
 # Debian's prometheus (promtool and the server), prometheus-node-exporter and prometheus-alertmanager,
@@ -72,7 +80,8 @@ $(COLL_LINK):
 	@mkdir -p $(dir $@)
 	ln -sfn $(CURDIR) $@
 
-demo: setup
+# No apt packages: the demo's processes are plain Python on this machine.
+demo: demo-venv collection
 	$(BIN)/ansible-playbook -i playbooks/inventory/demo.yml playbooks/demo.yml
 
 # pytest-xdist: most tests wait on real processes (a supervisor's min_uptime, a stop's grace, an LXC
