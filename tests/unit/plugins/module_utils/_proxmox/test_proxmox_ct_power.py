@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks
-from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import ProxmoxError, RetryPolicy
+from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import (
+    ProxmoxClient,
+    ProxmoxConnection,
+    ProxmoxError,
+    RetryPolicy,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.ct_power import (
     CtRebooter,
     CtRebootRefused,
@@ -155,3 +160,40 @@ def test_skip_hostname_check_reboots_whatever_the_hostname(api, server):
     result = CtRebooter(api, CtRebootRequest(200, skip_hostname_check=True)).run()
     assert result.hostname == "gpu-train-01" and [task.type for task in result.tasks] == ["vzreboot"]
     assert len(server.requests("POST", "/status/reboot")) == 1
+
+
+# ----------------------------------------------------------------- the privileges it needs
+
+
+def token_client(server, pve_retry: RetryPolicy, grants: list[tuple[str, str]]) -> ProxmoxClient:
+    """A client of an API token (privilege separated) holding exactly `grants` (path, privilege)."""
+    server.add_user("ops@pve")
+    secret = server.add_token("ops@pve", "relaunch")
+    for path, privilege in grants:
+        server.call(server.pve.grant, "ops@pve!relaunch", path, privilege)
+    conn = ProxmoxConnection(host=server.host, port=server.port, user="ops@pve", token_id="relaunch",
+                             token_secret=secret, ca_path=server.pki.ca_path, timeout=2)
+    return ProxmoxClient(conn, retry=pve_retry)
+
+
+# What guide_proxmox lists: VM.Audit and VM.PowerMgmt on the container, Sys.Audit on /.
+DOCUMENTED = [("/vms/200", "VM.Audit"), ("/vms/200", "VM.PowerMgmt"), ("/", "Sys.Audit")]
+
+
+@pytest.mark.parametrize("method", ["reboot", "stop_start"])
+def test_the_documented_privileges_are_enough(server, pve_retry, tmp_path, method):
+    # The node looked up (cluster/resources), the hostname read, the tasks followed, the quorum and the
+    # cluster's name read: every call of a reboot, nothing refused and nothing warned about. (fakepve
+    # checks the two VM privileges; /cluster/status's Sys.Audit is test_node_slots' injected 403.)
+    api = token_client(server, pve_retry, DOCUMENTED)
+    result = CtRebooter(api, CtRebootRequest(200, expected_hostname="gpu-train-01", method=method,
+                                             slot_dir=str(tmp_path))).run()
+    assert result.status == "running" and result.node == "pve1" and result.warnings == []
+
+
+@pytest.mark.parametrize("missing", DOCUMENTED[:2])
+def test_without_a_documented_vm_privilege_nothing_is_done(server, pve_retry, tmp_path, missing):
+    api = token_client(server, pve_retry, [grant for grant in DOCUMENTED if grant != missing])
+    with pytest.raises(ProxmoxError):
+        CtRebooter(api, CtRebootRequest(200, expected_hostname="gpu-train-01", slot_dir=str(tmp_path))).run()
+    assert server.tasks(200, "vzreboot") == []
