@@ -1,78 +1,165 @@
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Action for gpuops.relaunch.relaunch_decision: relaunch this host or not (see plugin_utils/relaunch_flow)."""
+"""Action for gpuops.relaunch.relaunch_decision: look at the job (train_launch's probe, the one module run
+of a healthy host) and decide whether to relaunch it; summarize a host that needs nothing more
+(see plugin_utils/relaunch_flow for the decisions, plugin_utils/role_vars for the probe's options)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory, decide, rank_of,
+    RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory, check_strategy, decide, rank_of,
+)
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import (
+    module_args, name_the_variables, unknown_variables,
 )
 
 ARGUMENT_SPEC = {
-    "probe": {"type": "dict", "required": True},
     "force": {"type": "bool", "default": False},
+    "reset_guard": {"type": "bool", "default": False},
     "ranks": {"type": "raw"},
-    "probe_var": {"type": "str", "default": "relaunch_probe"},
-    "job_name": {"type": "str"},
+    "job_name": {"type": "str", "required": True},
     "alerted_job": {"type": "str"},
     "alerted_host": {"type": "str"},
+    # The ranks' own looks (each rank's registered result of this action), for the decision of the whole job.
+    "rank_looks": {"type": "list", "elements": "raw"},
+    "summary_dir": {"type": "str", "default": ""},
+    "metrics_dir": {"type": "str", "default": ""},
+    "fail_host": {"type": "bool", "default": True},
 }
 
 
 class ActionModule(ActionBase):
-    """Runs on the controller only: the answer comes from the probe's result and the other hosts' vars."""
+    """Without rank_looks: one module run on the target (the probe), the decision and, when nothing
+    more is to be done, the summary. With rank_looks: the controller only, the whole job's decision."""
 
     TRANSFERS_FILES = False
-    _requires_connection = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         host = task_vars["inventory_hostname"]
-        hostvars = task_vars.get("hostvars", {})
-        play_hosts = list(task_vars.get("ansible_play_hosts_all") or [])
+        if args["rank_looks"] is not None:
+            return dict(result, **self._decide_with_ranks(host, args))
+        unknown = unknown_variables(task_vars)
+        if unknown:
+            return self._fail(result, host, None, f"{host}: nothing was done: " + "; ".join(unknown), args, task_vars)
         try:
-            check_force(args["force"], self._forced_hosts(hostvars, play_hosts), len(play_hosts),
-                        "relaunch_hosts" in task_vars or task_vars.get("ansible_limit") is not None)
-            rank = None
-            rank_probes = None
-            # No ranks: None, or "" - ansible-core before 2.19 renders a template whose whole value
-            # is None (the role's "{{ job_launch_ranks | default(none) }}") as "" (tools/matrix.py, 2.16).
-            if args["ranks"] not in (None, ""):
-                ranks = args["ranks"]
-                check_ranks_in_inventory(host, ranks, _var(hostvars, host, "job_launch_ranks"))
-                check_ranks(host, ranks, {name: _var(hostvars, name, "job_launch_ranks") for name in ranks},
-                            play_hosts, list(task_vars.get("ansible_play_batch") or []))
-                rank = rank_of(host, ranks, _vars(hostvars, str(ranks[0])))
-                rank_probes = {name: _var(hostvars, name, args["probe_var"]) for name in rank.ranks}
+            rank = self._rank(host, args, task_vars)
         except RelaunchInputError as exc:
-            return dict(result, failed=True, msg=str(exc))
-        if args["alerted_job"] and not args["job_name"]:
-            return dict(result, failed=True, msg="job_name is required with alerted_job: the decision compares them")
-        decision = decide(args["probe"], rank, rank_probes, alerted_job=args["alerted_job"], job_name=args["job_name"],
+            return self._fail(result, host, None, str(exc), args, task_vars)
+        probe = self._probe(args, rank, task_vars)
+        if probe.get("failed") or probe.get("unreachable"):
+            msg = name_the_variables("train_launch", str(probe.get("msg") or "the probe failed"),
+                                     probe.get("option_problems") or [])
+            return self._fail(result, host, probe, msg, args, task_vars)
+        decision = decide(probe, alerted_job=args["alerted_job"], job_name=args["job_name"],
                           alerted_host=args["alerted_host"], host=host)
-        # The rank is set either way (null: a job of one host), so that no step reads the one an
-        # earlier include of the role, for another job, left in the facts.
         rank_facts = rank.as_dict() if rank is not None else None
-        facts: dict[str, Any] = {"relaunch_decision": decision, "relaunch_rank": rank_facts}
-        return dict(result, changed=False, ansible_facts=facts, decision=decision, rank=rank_facts,
-                    msg=decision["why"])
+        # A rank decides with its job's other ranks in the next step; a job of one host is decided now.
+        done = rank is None and not decision["relaunch"]
+        result.update(changed=False, probe=probe, decision=decision, rank=rank_facts, done=done, msg=decision["why"],
+                      ansible_facts={"relaunch_decision": decision, "relaunch_rank": rank_facts})
+        if done:
+            published = self._publish(host, probe, decision, args, task_vars)
+            facts = dict(result["ansible_facts"], **published.pop("ansible_facts", {}))
+            result.update(published, ansible_facts=facts)
+        return result
+
+    def _rank(self, host: str, args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> Any:
+        """This host's rank (None: a job of one host), after the checks that need the play."""
+        hostvars = task_vars.get("hostvars", {})
+        play_hosts = [str(name) for name in task_vars.get("ansible_play_hosts_all") or []]
+        check_force(args["force"], lambda name: _forced(_var(hostvars, name, "relaunch_force")), play_hosts,
+                    "relaunch_hosts" in task_vars or task_vars.get("ansible_limit") is not None)
+        # No ranks: None, or "" - ansible-core before 2.19 renders a template whose whole value is None as "".
+        ranks = args["ranks"]
+        if ranks in (None, ""):
+            return None
+        check_ranks_in_inventory(host, ranks, _var(hostvars, host, "job_launch_ranks"))
+        check_ranks(host, ranks, {name: _var(hostvars, name, "job_launch_ranks") for name in ranks},
+                    play_hosts, list(task_vars.get("ansible_play_batch") or []))
+        check_strategy(host, self._strategy())
+        return rank_of(host, ranks, _vars(hostvars, str(ranks[0])))
+
+    def _strategy(self) -> str | None:
+        play = getattr(self._task, "_parent", None)
+        while play is not None and not hasattr(play, "strategy"):
+            play = getattr(play, "_play", None) or getattr(play, "_parent", None)
+        return getattr(play, "strategy", None)
+
+    def _probe(self, args: Mapping[str, Any], rank: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
+        """train_launch state=probe with the role variables' options (the spec the launch would start)."""
+        omit = task_vars.get("omit")
+
+        def lookup(name: str) -> Any:
+            value = self._templar.template(task_vars[name])
+            if omit is not None and value == omit:
+                raise KeyError(name)
+            return value
+        options = module_args("train_launch", lookup)
+        if rank is not None:
+            # A rank of a multi-rank job gets MASTER_ADDR, MASTER_PORT, NODE_RANK and NNODES: part of the spec.
+            options["env"] = dict(options.get("env") or {}, **rank.env())
+        options.update(state="probe", force=args["force"], reset_guard=args["reset_guard"],
+                       metrics_host=task_vars["inventory_hostname"])
+        return self._execute_module(module_name="gpuops.relaunch.train_launch", module_args=options,
+                                    task_vars=task_vars)
+
+    def _fail(self, result: dict[str, Any], host: str, probe: dict[str, Any] | None, msg: str,
+              args: Mapping[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        """The host failed before anything changed: summarized as failed (so that its summary file and
+        metrics say so), failing now or, without fail_host, after the fleet summary."""
+        unreachable = bool((probe or {}).get("unreachable"))
+        published = self._publish(host, probe, None, args, task_vars, failure=f"{self._task.get_name()}: {msg}",
+                                  reach_target=not unreachable)
+        facts = dict(published.pop("ansible_facts", {}), relaunch_decision=None, relaunch_rank=None)
+        result.update(published, changed=False, probe=probe, done=True, ansible_facts=facts)
+        if unreachable:
+            result.update(unreachable=True, msg=msg)
+        elif args["fail_host"]:
+            result.update(failed=True, msg=msg)
+        return result
+
+    def _publish(self, host: str, probe: dict[str, Any] | None, decision: dict[str, Any] | None,
+                 args: Mapping[str, Any], task_vars: dict[str, Any], failure: str | None = None,
+                 reach_target: bool = True) -> dict[str, Any]:
+        def run_module(name: str, module_args: dict[str, Any]) -> dict[str, Any]:
+            return self._execute_module(module_name=name, module_args=module_args, task_vars=task_vars)
+        return publish(host, bool(self._task.check_mode), {"probe": probe, "decision": decision}, failure, None,
+                       args["job_name"], args["summary_dir"], args["metrics_dir"] if reach_target else "",
+                       args["fail_host"], run_module)
 
     @staticmethod
-    def _forced_hosts(hostvars: Any, play_hosts: list[str]) -> int:
-        forced = 0
-        for name in play_hosts:
-            try:
-                forced += bool(boolean(_var(hostvars, name, "relaunch_force") or False, strict=False))
-            except TypeError:
-                continue
-        return forced
+    def _decide_with_ranks(host: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The whole job's decision from every rank's own look (rank_looks: each rank's registered result
+        of this action, in rank order; a rank whose look failed or is missing does not count)."""
+        looks = [look if isinstance(look, Mapping) else {} for look in args["rank_looks"]]
+        own = next((look for look in looks if isinstance(look.get("rank"), Mapping)
+                    and look["rank"].get("ranks", [None])[look["rank"].get("index", 0)] == host), None)
+        if own is None:
+            return {"failed": True, "msg": f"{host}: rank_looks holds no look of this host's rank"}
+        ranks = [str(name) for name in own["rank"]["ranks"]]
+        rank = rank_of(host, ranks, {"job_launch_master_addr": own["rank"]["master_addr"],
+                                     "job_launch_master_port": own["rank"]["master_port"]})
+        probes = {name: look.get("probe") for name, look in zip(ranks, looks) if not look.get("failed")}
+        decision = decide(own.get("probe") or {}, rank, probes, alerted_job=args["alerted_job"],
+                          job_name=args["job_name"], alerted_host=args["alerted_host"], host=host)
+        return {"changed": False, "decision": decision, "rank": rank.as_dict(), "msg": decision["why"],
+                "ansible_facts": {"relaunch_decision": decision}}
+
+
+def _forced(value: Any) -> bool:
+    try:
+        return bool(boolean(value or False, strict=False))
+    except TypeError:
+        return False
 
 
 def _vars(hostvars: Any, host: str) -> Any:

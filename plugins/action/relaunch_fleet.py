@@ -7,15 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import fleet_summary
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import fleet_line, fleet_summary
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
     FLEET_FILE, ReportError, report_dir, write_report,
 )
 
+display = Display()
+
 ARGUMENT_SPEC = {
     "summary_var": {"type": "str", "default": "relaunch_summary"},
-    "started_var": {"type": "str", "default": "relaunch_probe"},
+    "started_var": {"type": "str", "default": "relaunch_decided"},
     "summary_dir": {"type": "str", "default": ""},
 }
 
@@ -31,23 +34,30 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         hostvars = task_vars.get("hostvars", {})
+        active = set(task_vars.get("ansible_play_hosts") or [])
         summaries: dict[str, Any] = {}
-        # Every host that got as far as the probe (its result is registered even when it failed or
-        # was unreachable); hosts of later batches have not, and are not in the summary yet.
+        early: list[str] = []
+        # Every host that got as far as the decision (its result is registered even when it failed or
+        # was unreachable), and every host that failed before it (the role's argument check, an
+        # unreachable host); hosts of later batches have done neither, and are not in the summary yet.
         for host in task_vars.get("ansible_play_hosts_all") or []:
             host_vars = hostvars[host]
             if host_vars.get(args["started_var"]) is None:
+                if host not in active:
+                    summaries[host] = None
+                    early.append(host)
                 continue
             summary = host_vars.get(args["summary_var"])
             summaries[host] = summary if isinstance(summary, dict) else None
-        fleet = fleet_summary(summaries)
+        fleet = fleet_summary(summaries, failed_early=early)
+        line = fleet_line(fleet)
+        display.display(line, stderr=True)
         result.update(
             changed=False,
-            msg=fleet,
+            msg=line,
             fleet=fleet,
             ansible_facts={"relaunch_fleet": fleet},
             ansible_stats={"data": {"relaunch_fleet": fleet}, "per_host": False, "aggregate": False},
-            _ansible_verbose_always=True,
         )
         if args["summary_dir"]:
             try:

@@ -8,21 +8,29 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: relaunch_decision
-short_description: "Decide whether this host's job is relaunched, for every rank of a multi-rank job at once"
+short_description: "Look at this host's job and decide whether to relaunch it, for every rank of a multi-rank job at once"
 version_added: 0.1.0
 description:
   - >-
-    Takes M(gpuops.relaunch.train_launch)'s probe (O(gpuops.relaunch.train_launch#module:state=probe)) and its
-    RV(gpuops.relaunch.train_launch#module:decision), and for a rank of a multi-rank job (O(ranks)) the probes of the
-    other ranks (read from C(hostvars), registered under O(probe_var)).
+    Runs M(gpuops.relaunch.train_launch) with O(gpuops.relaunch.train_launch#module:state=probe) on the target (the one
+    module run of a healthy host), with the options the role variables give it (C(job_launch_*), mapped once in
+    C(plugins/plugin_utils/role_vars.py)), and decides from its RV(gpuops.relaunch.train_launch#module:decision).
   - >-
-    One rank that must be relaunched (or that the crash-loop guard refuses) relaunches every rank; a rank whose probe
-    did not answer does not count. When one rank failed (crashed, stalled, missing) every rank resumes.
+    For a job of one host that needs nothing more (running with its spec, refused by the crash-loop guard, an alert
+    about another job or host), also summarizes the host as M(gpuops.relaunch.relaunch_summary) does (O(summary_dir),
+    O(metrics_dir), O(fail_host)) and returns RV(done): the relaunch role then runs no other task on it.
   - >-
-    Fails, before anything changes, when O(force) is true on every host of the play and neither C(relaunch_hosts) nor
-    C(--limit) names the hosts, when O(ranks) does not make one job in this run and batch, when O(ranks) is not this
-    host's C(job_launch_ranks) in C(hostvars) (set as a play, role or task variable: the other ranks cannot read it),
-    or when rank 0's C(job_launch_master_port) is not a port from 1 to 65535.
+    A rank of a multi-rank job (O(ranks)) decides with its job in a second run of this action, given every rank's look
+    (O(rank_looks)): one rank that must be relaunched (or that the crash-loop guard refuses) relaunches every rank; a
+    rank whose look failed does not count. When one rank failed (crashed, stalled, missing) every rank resumes.
+  - >-
+    Fails, before anything changes, when a variable with one of the collection's prefixes (C(job_launch_),
+    C(process_cleanup_), C(gpu_drain_), C(container_reset_), C(relaunch_)) is not one the collection knows (a typo;
+    the message names the closest known one), when O(force) is true on every host of the play and neither
+    C(relaunch_hosts) nor C(--limit) names the hosts, when O(ranks) does not make one job in this run and batch, when
+    O(ranks) is not this host's C(job_launch_ranks) in C(hostvars), when the play's strategy cannot hold the ranks'
+    barriers (only V(linear) can), or when rank 0's C(job_launch_master_port) is not a port from 1 to 65535. A probe
+    that fails names the role variable behind a bad option (C(job_launch_command), not C(command)).
   - >-
     With O(alerted_job) or O(alerted_host) (an event-driven relaunch) that is not this host's job (O(job_name)) or
     this host, decides V(none) and says so: nothing is stopped or launched for an alert about another job or host.
@@ -33,30 +41,32 @@ author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.info_module
   - gpuops.relaunch.attributes.platform
 options:
-  probe:
-    description: The registered result of the probe.
-    type: dict
-    required: true
   force:
     description: Whether the relaunch is forced on this host (C(relaunch_force)).
     type: bool
     default: false
+  reset_guard:
+    description: Clear the crash-loop guard's count first (C(job_launch_reset_guard)); passed to the probe.
+    type: bool
+    default: false
   ranks:
     description:
-      - The inventory hostnames of the job's ranks in rank order (C(job_launch_ranks)); null for a job of one host.
+      - The inventory hostnames of the job's ranks in rank order (C(job_launch_ranks)); unset for a job of one host.
       - C(job_launch_ranks) must be a host or group variable (the inventory), the same for every rank.
     type: raw
-  probe_var:
-    description: The name under which every host registered its probe.
-    type: str
-    default: relaunch_probe
+  rank_looks:
+    description:
+      - Every rank's registered result of this action, in rank order (null for a rank that has none): the second run,
+        for a rank of a multi-rank job, which decides for the whole job and runs nothing on the target.
+    type: list
+    elements: raw
   job_name:
     description:
-      - This host's job (C(job_launch_name)), compared with O(alerted_job). Required with O(alerted_job).
+      - This host's job (C(job_launch_name)), compared with O(alerted_job), and the summary's file and label.
     type: str
+    required: true
   alerted_job:
     description:
       - The job an event named (C(relaunch_alerted_job), where the event-driven relaunch passes the alert's C(gpuops_job)).
@@ -71,30 +81,44 @@ options:
       - When it is set and is not this host's C(inventory_hostname) (a group or a pattern in the label reached more
         hosts than it named), the decision is V(none) and its C(why) says so.
     type: str
+  summary_dir:
+    description: As M(gpuops.relaunch.relaunch_summary)'s, for a host summarized here.
+    type: str
+    default: ""
+  metrics_dir:
+    description: As M(gpuops.relaunch.relaunch_summary)'s, for a host summarized here.
+    type: str
+    default: ""
+  fail_host:
+    description: As M(gpuops.relaunch.relaunch_summary)'s, for a host summarized here.
+    type: bool
+    default: true
 attributes:
   action:
-    description: Runs on the controller as an action plugin; nothing runs on the target.
+    description: Runs on the controller as an action plugin; it runs train_launch (and relaunch_metrics) on the target.
     support: full
+  check_mode:
+    description: The probe changes nothing; in check mode the summary says what a real run would do.
+    support: full
+  diff_mode:
+    support: none
   platform:
-    platforms: all
-    details:
-      - The controller only; it needs no connection to the target.
+    platforms: posix
 seealso:
   - module: gpuops.relaunch.train_launch
+  - module: gpuops.relaunch.relaunch_summary
 notes:
-  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
+  - The first step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
     C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
 """
 
 EXAMPLES = r"""
-- name: Decide, for every rank of the job at once
+- name: Look at the job and decide whether to relaunch it
   gpuops.relaunch.relaunch_decision:
-    probe: "{{ relaunch_probe }}"
     force: "{{ relaunch_force | bool }}"
-    ranks: "{{ job_launch_ranks | default(none) }}"
+    ranks: "{{ job_launch_ranks | default(omit) }}"
     job_name: "{{ job_launch_name }}"
-    alerted_job: "{{ relaunch_alerted_job | default(omit, true) }}"
-    alerted_host: "{{ relaunch_alerted_host | default(omit, true) }}"
+  register: relaunch_decided
 """
 
 RETURN = r"""
@@ -115,8 +139,20 @@ rank:
   returned: success
   type: dict
   sample: {index: 1, of: 2, ranks: [gpu1, gpu2], master_addr: 10.0.0.1, master_port: 29500}
+probe:
+  description: M(gpuops.relaunch.train_launch)'s probe result (its C(health), C(decision), C(relaunch_guard), plan).
+  returned: when the probe ran
+  type: dict
+done:
+  description: Whether this host is decided and summarized (a job of one host that needs nothing more).
+  returned: when the probe ran
+  type: bool
+summary_path:
+  description: As M(gpuops.relaunch.relaunch_summary)'s, for a host summarized here.
+  returned: when O(summary_dir) is set and the host was summarized here
+  type: str
 msg:
-  description: The decision's C(why).
+  description: The decision's C(why); for a host summarized here, its one line (see M(gpuops.relaunch.relaunch_summary)).
   returned: always
   type: str
 """

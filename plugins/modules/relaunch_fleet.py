@@ -12,10 +12,12 @@ short_description: "Sum up a relaunch over every host of the play: per host, per
 version_added: 0.1.0
 description:
   - >-
-    Reads each play host's summary (fact C(relaunch_summary)) from C(hostvars); a host that got as far as the probe
-    but has no summary counts as failed; hosts of later batches are not in it yet. Run it once (C(run_once)).
+    Reads each play host's summary (fact C(relaunch_summary)) from C(hostvars); a host that got as far as the decision
+    but has no summary counts as failed, and so does a host that failed before it (the role's argument check, an
+    unreachable host: C(failed) says so); hosts of later batches are not in it yet. Run it once (C(run_once)).
   - >-
-    Shows it, sets the fact C(relaunch_fleet), the set_stats data C(relaunch_fleet), and with O(summary_dir) writes
+    Displays one line (how many hosts, how many of each status, which failed; the whole summary shows at -v), sets the
+    fact C(relaunch_fleet), the set_stats data C(relaunch_fleet), and with O(summary_dir) writes
     DIR/fleet.json on the controller (DIR/check/fleet.json in check mode, so that it never replaces a real run's).
 author:
   - gpuops.relaunch maintainers (@gpuops)
@@ -29,9 +31,9 @@ options:
     type: str
     default: relaunch_summary
   started_var:
-    description: The variable a host has once it got as far as the probe.
+    description: The variable a host has once it got as far as the decision (the relaunch role registers it).
     type: str
-    default: relaunch_probe
+    default: relaunch_decided
   summary_dir:
     description:
       - When set, also write DIR/fleet.json on the controller (no host's summary file, DIR/HOST@JOB.json, can have that name).
@@ -64,19 +66,20 @@ RETURN = r"""
 fleet:
   description:
     - C(hosts) (per host C(status), C(health), C(found), C(ended) (a count), C(container_reset), C(pid), C(seconds),
-      C(rank)), C(jobs) (per multi-rank job, keyed by rank 0, C(ranks), C(relaunched), C(failed)) and C(counts) (how
+      C(rank), C(failed) (why it failed, or null)), C(jobs) (per multi-rank job, keyed by rank 0, C(ranks), C(relaunched), C(failed)) and C(counts) (how
       many hosts relaunched, unchanged, refused, failed, would_relaunch).
   returned: always
   type: dict
   sample: {hosts: {gpu1: {status: relaunched, health: crashed, found: signals, ended: 2, container_reset: false,
-           pid: 4242, seconds: 21.4, rank: null}}, jobs: {},
+           pid: 4242, seconds: 21.4, rank: null, failed: null}}, jobs: {},
            counts: {relaunched: 1, unchanged: 0, refused: 0, failed: 0, would_relaunch: 0}}
 summary_path:
   description: The JSON file written.
   returned: when O(summary_dir) is set
   type: str
 msg:
-  description: The fleet summary.
+  description: The fleet in one line.
   returned: always
-  type: dict
+  type: str
+  sample: "16 host(s): 15 unchanged, 1 relaunched"
 """

@@ -13,7 +13,7 @@ version_added: 0.1.0
 description:
   - >-
     Builds the host's summary from the results the C(gpuops.relaunch.relaunch) role registered (O(results)) as native
-    data (the same types on every ansible-core), shows it, sets it as the fact C(relaunch_summary) and as set_stats data
+    data (the same types on every ansible-core), displays one line of it, sets it as the fact C(relaunch_summary) and as set_stats data
     (C(relaunch_summary), keyed by host, aggregated), and with O(summary_dir) writes it to DIR/HOST@JOB.json on the
     controller (a temporary file renamed into place, mode 0644), one file per host and job.
   - >-
@@ -98,32 +98,36 @@ EXAMPLES = r"""
 - name: Summarize
   gpuops.relaunch.relaunch_summary:
     results:
-      probe: "{{ relaunch_probe | default(none) }}"
+      probe: "{{ relaunch_decided.probe | default(none) }}"
       decision: "{{ relaunch_decision | default(none) }}"
       launch: "{{ relaunch_launch | default(none) }}"
     failure: "{{ relaunch_failure | default(omit) }}"
 """
 
 RETURN = r"""
-summary:
-  description:
-    - >-
-      C(host), C(check_mode), C(status) (V(relaunched), V(unchanged), V(refused), V(failed), V(would_relaunch)),
-      C(relaunched), C(would_relaunch), C(action), C(failed), C(why), C(health), C(incident), C(resumed),
-      C(relaunch_guard), C(found) (the clean-up's first escalation, or "not looked"), C(reasons), C(ended) (pids),
-      C(gpu_released_mib), C(gpu_released) (the drain's last look: released or not; null without a drain), C(gpus) (each
-      GPU's C(index), C(uuid), C(name), C(total_mib) and C(used_mib) at that look; empty without a drain),
-      C(container_reset), C(mark_conflicts) (each process whose GPUOPS_* marks named another job while its ancestry
-      proved it this job's, ended as this job's: C(pid), C(marked_job_dir), C(seen_by) V(stop) or V(cleanup)), C(job)
-      (operation, pid, log_path, ready_line), C(seconds) (per phase that ran (stop, cleanup,
-      drain, container_reset, launch), the modules' own elapsed time, and C(rank).
-    - C(health) is what the probe saw before the run acted; C(after) the job after it - C(state) (V(running) once a
-      relaunch's start was proven, V(unknown) after a failed relaunch, else the probe's) and C(recent_relaunches) (the
-      crash-loop guard's count, this run's relaunch included). C(live_metrics) is the job's live file (train_launch's
-      O(gpuops.relaunch.train_launch#module:metrics_dir)) or null.
-    - Also RV(msg), the fact C(relaunch_summary) and set_stats C(relaunch_summary).
-  returned: always
+ansible_facts:
+  description: The fact C(relaunch_summary) (also set_stats data C(relaunch_summary), keyed by host).
+  returned: success
   type: dict
+  contains:
+    relaunch_summary:
+      description:
+        - >-
+          C(host), C(check_mode), C(status) (V(relaunched), V(unchanged), V(refused), V(failed), V(would_relaunch)),
+          C(relaunched), C(would_relaunch), C(action), C(failed), C(why), C(health), C(incident), C(resumed),
+          C(relaunch_guard), C(found) (the clean-up's first escalation, or "not looked"), C(reasons), C(ended) (pids),
+          C(gpu_released_mib), C(gpu_released) (the drain's last look: released or not; null without a drain), C(gpus) (each
+          GPU's C(index), C(uuid), C(name), C(total_mib) and C(used_mib) at that look; empty without a drain),
+          C(container_reset), C(mark_conflicts) (each process whose GPUOPS_* marks named another job while its ancestry
+          proved it this job's, ended as this job's: C(pid), C(marked_job_dir), C(seen_by) V(stop) or V(cleanup)), C(job)
+          (operation, pid, log_path, ready_line), C(seconds) (per phase that ran (stop, cleanup,
+          drain, container_reset, launch), the modules' own elapsed time, and C(rank).
+        - C(health) is what the probe saw before the run acted; C(after) the job after it - C(state) (V(running) once a
+          relaunch's start was proven, V(unknown) after a failed relaunch, else the probe's) and C(recent_relaunches) (the
+          crash-loop guard's count, this run's relaunch included). C(live_metrics) is the job's live file (train_launch's
+          O(gpuops.relaunch.train_launch#module:metrics_dir)) or null.
+      returned: success
+      type: dict
 summary_path:
   description: The JSON file written (DIR/HOST@JOB.json, or in check mode DIR/check/HOST@JOB.json).
   returned: when O(summary_dir) is set
@@ -141,7 +145,10 @@ metrics_changed:
   sample: false
   version_added: 0.2.0
 msg:
-  description: The summary (so that it shows without -v), or the failure message.
+  description:
+    - One line a person reads (host, job, the health the probe saw, what was done, why), also displayed without -v;
+      the whole summary shows at -v. Or the failure message.
   returned: always
-  type: raw
+  type: str
+  sample: "gpu1 [llm-pretrain]: crashed, relaunched (pid 4242, resumed): the job crashed (exit code 1)"
 """

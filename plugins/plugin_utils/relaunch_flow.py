@@ -20,7 +20,7 @@ are the one vocabulary of ``_base/verdict.py``. Nothing here reads a message's w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Health, worst
@@ -135,14 +135,38 @@ def check_ranks(host: str, ranks: Any, layouts: Mapping[str, Any], play_hosts: S
             f"ranks: {'; '.join(problems)}. No rank of this job is relaunched.")
 
 
+# Strategies under which every host finishes a task before any host starts the next: the ranks' barriers
+# (ranks_barrier.yml, ranks_launched.yml) read the other ranks' marks set by the task before.
+BARRIER_STRATEGIES = frozenset(("linear", "ansible.builtin.linear", "debug", "ansible.builtin.debug"))
+
+
+def check_strategy(host: str, strategy: str | None) -> None:
+    """RelaunchInputError unless the play's strategy holds the ranks' barriers (see BARRIER_STRATEGIES):
+    under `free` or `host_pinned` a rank would read its peers' marks before they set them, and launch
+    alone or not at all."""
+    if strategy and strategy not in BARRIER_STRATEGIES:
+        raise RelaunchInputError(
+            f"{host}: job_launch_ranks needs the linear strategy (every rank finishes a step before any rank starts "
+            f"the next; the ranks wait for each other before the launch), and this play's strategy is "
+            f"{escape_controls(repr(strategy))}. Run the role in a play with strategy: linear (playbooks/relaunch.yml "
+            f"sets it). No rank of this job is relaunched.")
+
+
 # --- the decision ---------------------------------------------------------------------------------
 
 
-def check_force(force: bool, forced_hosts: int, play_hosts: int, hosts_named: bool) -> None:
+def check_force(force: bool, forced: Callable[[str], bool], play_hosts: Sequence[str], hosts_named: bool) -> None:
     """A force on every host of the play (e.g. -e relaunch_force=true) restarts every healthy job of the
     fleet: that needs the hosts said explicitly (relaunch_hosts or --limit), so that a typo such as
-    -e relaunch_host=x never forces a whole inventory."""
-    if force and not hosts_named and play_hosts > 0 and forced_hosts == play_hosts:
+    -e relaunch_host=x never forces a whole inventory.
+
+    `forced(host)` answers for another host of the play; it is asked only on a forced host whose hosts
+    were not named, and only until the first host that is not forced: a run without a force reads no
+    other host's variables (a per-host cost that does not grow with the fleet)."""
+    if not force or hosts_named or not play_hosts:
+        return
+    if all(forced(host) for host in play_hosts):
+        play_hosts = len(play_hosts)
         raise RelaunchInputError(
             f"relaunch_force is true on every host of the play ({play_hosts}), and neither relaunch_hosts nor --limit "
             f"says which hosts to force: nothing was changed. Name the hosts with -e relaunch_hosts=HOSTS or --limit "
@@ -184,8 +208,10 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
         "relaunch": bool(own.get("relaunch", False)),
         "why": str(own.get("why", "")),
         "resume": bool(own.get("resume", False)),
-        # What the launch is told (null: the inventory's job_launch_resume).
-        "resume_mode": None,
+        # What the launch is told, so that it resumes exactly as the probe decided (train_launch's
+        # resume_mode: always or never; null from a probe that does not say, and then the inventory's
+        # job_launch_resume).
+        "resume_mode": own.get("resume_mode"),
         # Whether something of the job runs that the stop must end first. Nothing running (a crash, a
         # reboot): the stop is skipped; the launch writes the incident record then, and it restarts
         # a job that started in between (state=started stops what runs with another spec).
@@ -432,6 +458,23 @@ def _unique(items: Iterable[Any]) -> list[Any]:
     return seen
 
 
+def outcome_line(summary: Mapping[str, Any], job_name: str) -> str:
+    """One line a person reads: the host and job, what the probe saw, what the run did, and why
+    (control characters escaped: `why` may quote what the job printed)."""
+    health = (summary.get("health") or {}).get("state") or "unknown"
+    status = fleet_status(summary)
+    job = summary.get("job") or {}
+    did = {
+        "relaunched": f"relaunched (pid {job.get('pid')}{', resumed' if summary.get('resumed') else ''})",
+        "unchanged": "nothing done",
+        "refused": "refused, nothing stopped",
+        "would_relaunch": "would relaunch (check mode)",
+        "failed": "FAILED",
+    }[status]
+    why = summary.get("failed") if status == "failed" else summary.get("why")
+    return escape_controls(f"{summary.get('host')} [{job_name}]: {health}, {did}: {why}")
+
+
 def fleet_status(summary: Mapping[str, Any] | None) -> str:
     """What one host's line of the fleet summary says it did."""
     if not summary or summary.get("failed"):
@@ -445,12 +488,18 @@ def fleet_status(summary: Mapping[str, Any] | None) -> str:
     return "unchanged"
 
 
-def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+FAILED_EARLY = "failed before the decision: its variables did not pass the role's argument check, or it was unreachable"
+
+
+def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None],
+                  failed_early: Iterable[str] = ()) -> dict[str, Any]:
     """The run, summed up: per host, per multi-rank job (which ranks relaunched, which failed), counts.
 
     `summaries` maps every host of the play that got as far as the relaunch to its host summary
-    (None for a host that failed before its summary was made).
+    (None for a host that failed before its summary was made); `failed_early` names the hosts among
+    them that failed before the decision (argument check, unreachable).
     """
+    early = set(failed_early)
     hosts: dict[str, dict[str, Any]] = {}
     jobs: dict[str, dict[str, Any]] = {}
     for host, summary in summaries.items():
@@ -466,6 +515,8 @@ def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None]) -> dict[str
             "pid": (summary.get("job") or {}).get("pid"),
             "seconds": round(sum((summary.get("seconds") or {}).values()), 2),
             "rank": rank.get("index") if rank else None,
+            "failed": FAILED_EARLY if host in early else summary.get("failed") or (
+                "failed before its summary" if status == "failed" else None),
         }
         if rank:
             ranks = [str(name) for name in rank.get("ranks") or []]
@@ -477,6 +528,15 @@ def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None]) -> dict[str
         job["failed"] = [name for name in ranks if hosts.get(name, {"status": "failed"})["status"] == "failed"]
     statuses = [row["status"] for row in hosts.values()]
     return {"hosts": hosts, "jobs": jobs, "counts": {status: statuses.count(status) for status in FLEET_STATUSES}}
+
+
+def fleet_line(fleet: Mapping[str, Any]) -> str:
+    """The fleet in one line: how many hosts, and how many of them each status."""
+    counts = fleet.get("counts") or {}
+    parts = [f"{counts[status]} {status.replace('_', ' ')}" for status in FLEET_STATUSES if counts.get(status)]
+    failed = [host for host, row in (fleet.get("hosts") or {}).items() if row.get("status") == "failed"]
+    tail = f" (failed: {', '.join(failed)})" if failed else ""
+    return escape_controls(f"{len(fleet.get('hosts') or {})} host(s): {', '.join(parts) or 'none'}{tail}")
 
 
 def failure_message(summary: Mapping[str, Any], job_name: str) -> str | None:

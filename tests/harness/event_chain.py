@@ -166,7 +166,7 @@ class Chain:
         """The job's first launch, by a plain relaunch run (not through the chain)."""
         run = run_playbook(PLAYBOOK, inventory=str(self.inventory), extra_vars={"relaunch_hosts": host})
         assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
-        return run.result("Summarize")["msg"]
+        return run.summary()
 
 
 def alertmanager_config(webhook: str, token_file: Path) -> dict[str, Any]:

@@ -65,6 +65,30 @@ class PlaybookRun:
                 return entry
         raise KeyError(f"task {task_name!r} did not run on {host!r}")
 
+    def summary(self, host: str | None = None) -> dict[str, Any]:
+        """The relaunch summary of `host` (or of the only host summarized)."""
+        found = summaries(self)
+        if host is None and len(found) == 1:
+            return next(iter(found.values()))
+        if host not in found:
+            raise KeyError(f"no relaunch summary for {host!r}; have {sorted(found)}\n{self.stdout[-3000:]}\n{self.stderr}")
+        return found[host]
+
+
+SUMMARY_TASKS = ("Look at the job and decide whether to relaunch it", "Summarize")
+
+
+def summaries(run: PlaybookRun) -> dict[str, dict[str, Any]]:
+    """Each host's relaunch summary (the fact relaunch_summary), from whichever task of the relaunch role
+    made it: the decision, for a host that needed nothing more, else the Summarize task."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in SUMMARY_TASKS:
+        for entry in run.tasks.get(name, []):
+            summary = (entry.get("ansible_facts") or {}).get("relaunch_summary")
+            if summary is not None:
+                found[entry["_host"]] = summary
+    return found
+
 
 def run_playbook(
     plays: list[dict[str, Any]] | str,

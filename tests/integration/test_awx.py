@@ -247,6 +247,12 @@ def test_survey_follows_awx_schema_and_names_documented_variables() -> None:
     extra_data = [play["vars"]["relaunch_awx_schedule"]["extra_data"] for play in schedule
                   if "relaunch_awx_schedule" in play.get("vars", {})]
     assert extra_data and all("relaunch_force" not in data for data in extra_data)
+    # The crash-loop guard is reset from the survey, by a person, once: false unless answered, and
+    # never in the schedule, where every run would clear the history the guard counts.
+    reset = next(item for item in SURVEY["spec"] if item["variable"] == "job_launch_reset_guard")
+    assert reset["type"] == "multiplechoice" and reset["choices"] == ["false", "true"]
+    assert reset["default"] == "false" and reset["required"] is False
+    assert all("job_launch_reset_guard" not in data for data in extra_data)
 
 
 def test_job_template_example_names_the_playbook_and_the_survey() -> None:
@@ -475,7 +481,7 @@ def test_relaunch_through_ansible_runner_as_awx_runs_it(tmp_path: Path) -> None:
     events = _events(artifacts)
     summarize = [e for e in events if e["event"] == "runner_on_ok" and e["event_data"].get("task", "").endswith("Summarize")]
     assert len(summarize) == 1, [e["event"] for e in events]
-    summary = summarize[0]["event_data"]["res"]["msg"]
+    summary = summarize[0]["event_data"]["res"]["ansible_facts"]["relaunch_summary"]
     assert summary["host"] == "localhost" and summary["relaunched"] is True and summary["check_mode"] is False
     assert summary["job"]["operation"] == "start" and summary["job"]["pid"], summary
     data = _stats(events)

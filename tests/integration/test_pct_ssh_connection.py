@@ -299,7 +299,7 @@ def test_the_relaunch_runs_end_to_end_through_it(node, ct_lab, tmp_path, control
 
     assert again.rc == 0, explain(again)
     assert json.loads(again.stdout)["stats"][HOSTNAME]["changed"] == 0, explain(again)
-    assert again.result("Summarize")["msg"]["relaunched"] is False
+    assert again.summary()["relaunched"] is False
     assert ct_lab.container.exists(job) and job in job_processes(ct_lab.container)
     assert len(posts(ct_lab)) == 1
     # (wait_for_connection after the reboot resets the connection, so the first run logged in twice.)

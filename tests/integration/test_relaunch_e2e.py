@@ -175,7 +175,7 @@ def last(run: PlaybookRun, task: str) -> dict[str, Any]:
 
 
 def summary(run: PlaybookRun) -> dict[str, Any]:
-    return run.result(SUMMARY)["msg"]
+    return run.summary()
 
 
 def stats(run: PlaybookRun) -> dict[str, int]:

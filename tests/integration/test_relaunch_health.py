@@ -130,7 +130,7 @@ def with_textfiles(site: Site, live: bool) -> None:
 def summary(run: PlaybookRun, ok: bool = True) -> dict[str, Any]:
     if ok:
         assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    return run.result(SUMMARY)["msg"]
+    return run.summary()
 
 
 def changed_tasks(run: PlaybookRun) -> list[str]:

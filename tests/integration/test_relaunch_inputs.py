@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from tests.harness.launch_targets import DEMO, end_recorded_runs
-from tests.harness.playbook import REPO, PlaybookRun, run_playbook
+from tests.harness.playbook import REPO, PlaybookRun, run_playbook, summaries
 
 pytestmark = pytest.mark.slow
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
-REFUSE = "Decide, for every rank of the job at once"
+REFUSE = "Fail this host when a step failed or the crash-loop guard refused"
+DECIDE = "Look at the job and decide whether to relaunch it"
 VALIDATE = "Validating arguments against arg spec 'main'"
 STOP = "Stop the job and wait until its whole process tree is gone"
 HOSTS = ("job-a", "job-b")
@@ -84,10 +85,6 @@ def site_fixture(tmp_path):
         run_playbook([{"hosts": host, "gather_facts": False, "tasks": [{"name": "stop", "gpuops.relaunch.train_launch": stop}]}],
                      inventory=site.inventory())
         end_recorded_runs(site.state_dirs[host])
-
-
-def summaries(run: PlaybookRun) -> dict[str, dict]:
-    return {entry["_host"]: entry["msg"] for entry in run.tasks.get("Summarize", [])}
 
 
 def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> None:
@@ -168,13 +165,31 @@ def test_a_bad_master_port_and_ranks_set_in_the_play_are_refused_naming_the_vari
          "vars": {"job_launch_ranks": "{{ [inventory_hostname] }}"}}]}]
     run = run_playbook(play, inventory=site.inventory())
     assert run.rc != 0
-    port = run.result(REFUSE, "job-a")
+    port = run.result(DECIDE, "job-a")
     assert port.get("failed") is True and "job_launch_master_port" in port["msg"], port
     assert "\\x1b[2J" in port["msg"] and "\x1b" not in port["msg"] and "int()" not in port["msg"]
-    play_var = run.result(REFUSE, "job-b")
+    play_var = run.result(DECIDE, "job-b")
     assert play_var.get("failed") is True, play_var
     assert "job_launch_ranks must be set as a host or group variable (inventory)" in play_var["msg"]
     assert "list other ranks" not in play_var["msg"]
     for host in HOSTS:
         assert not Path(site.state_dirs[host]).exists()
         assert not Path(site.vars[host]["job_launch_log_path"]).exists()
+
+
+def test_a_misspelt_variable_is_refused_naming_the_close_one(site: Site) -> None:
+    """A typo in a host variable (job-a) and in a play variable (both hosts) would otherwise be ignored
+    with rc 0: each host is refused before anything runs on it, the message naming the variable meant."""
+    site.vars["job-a"]["job_launch_ready_regx"] = "^step 2 "
+    play = [{"name": "Ours", "hosts": "all", "gather_facts": False,
+             "vars": {"process_cleanup_term_timout": 3}, "tasks": [
+                 {"name": "Relaunch", "ansible.builtin.include_role": {"name": "gpuops.relaunch.relaunch"}}]}]
+    run = run_playbook(play, inventory=site.inventory())
+    assert run.rc != 0
+    for host in HOSTS:
+        refused = run.result(DECIDE, host)
+        assert refused.get("failed") is True, refused
+        assert "process_cleanup_term_timout is not a variable of gpuops.relaunch" in refused["msg"], refused["msg"]
+        assert "did you mean process_cleanup_term_timeout?" in refused["msg"], refused["msg"]
+        assert ("did you mean job_launch_ready_regex?" in refused["msg"]) is (host == "job-a"), refused["msg"]
+        assert not Path(site.state_dirs[host]).exists()

@@ -121,7 +121,7 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     run, summary = relaunch(fleet)
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
     for index, host in enumerate(RANKS):
-        result = run.result(SUMMARY, host)["msg"]
+        result = run.summary(host)
         assert result["relaunched"] is True and result["rank"]["index"] == index
         env = environ(int(result["job"]["pid"]))
         assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NODE_RANK"], env["NNODES"]) == (
@@ -147,8 +147,8 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     run, summary = relaunch(fleet)
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert summary["jobs"]["rank-a"]["relaunched"] == RANKS and summary["hosts"]["solo"]["status"] == "unchanged"
-    assert [run.result(SUMMARY, host)["msg"]["resumed"] for host in RANKS] == [False] * 3
-    assert run.result(SUMMARY, "rank-a")["msg"]["why"] == "relaunched with its job, because rank(s) rank-b must be"
+    assert [run.summary(host)["resumed"] for host in RANKS] == [False] * 3
+    assert run.summary("rank-a")["why"] == "relaunched with its job, because rank(s) rank-b must be"
     gone(before)
     # (rank-b's new run, proven started, crashes a second later: it is checked in 3b.)
     assert all(job_pid(fleet, host) not in (None, before[host]) for host in ("rank-a", "rank-c"))
@@ -158,8 +158,8 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     wait_until(lambda: job_pid(fleet, "rank-b") is None, what="rank-b to crash")
     run, summary = relaunch(fleet)
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert run.result(SUMMARY, "rank-b")["msg"]["health"]["state"] == "crashed"
-    assert [run.result(SUMMARY, host)["msg"]["resumed"] for host in RANKS] == [True] * 3
+    assert run.summary("rank-b")["health"]["state"] == "crashed"
+    assert [run.summary(host)["resumed"] for host in RANKS] == [True] * 3
     assert all(b"ckpt-latest" in Path(f"/proc/{job_pid(fleet, host)}/cmdline").read_bytes() for host in ("rank-a", "rank-c"))
 
     # 4. rank-c cannot be made ready (its state directory is a file: its stop fails). No rank

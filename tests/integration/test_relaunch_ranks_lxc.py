@@ -102,7 +102,7 @@ def test_two_containers_as_one_job_one_reboot_then_both_ranks_launch(lab, pct_ho
         assert not any(lab.container.exists(ident) for ident in stale.all())
         # Both ranks launched after it, each with its rank environment.
         for index, (name, container) in enumerate(((HOSTNAME, lab.container), (RANK1, second.container))):
-            report = run.result("Summarize", name)["msg"]
+            report = run.summary(name)
             assert report["relaunched"] is True and report["rank"]["index"] == index, report
             job = running_job(container, report["job"])
             env = environ(container, job.pid)
@@ -110,7 +110,7 @@ def test_two_containers_as_one_job_one_reboot_then_both_ranks_launch(lab, pct_ho
         assert fleet["jobs"][HOSTNAME] == {"ranks": RANKS, "relaunched": RANKS, "failed": []}
         assert fleet["hosts"][HOSTNAME]["container_reset"] is True and fleet["hosts"][RANK1]["container_reset"] is False
         assert fleet["hosts"][SOLO]["status"] == "relaunched" and fleet["hosts"][SOLO]["rank"] is None
-        solo_job = running_job(solo.container, run.result("Summarize", SOLO)["msg"]["job"])
+        solo_job = running_job(solo.container, run.summary(SOLO)["job"])
         if pct_calls is not None:
             assert pct_host.pct_calls() > pct_calls
 
@@ -125,7 +125,7 @@ def test_two_containers_as_one_job_one_reboot_then_both_ranks_launch(lab, pct_ho
             wait_until(lambda c=container: job_processes(c) == [], what="no rank's job to be left running")
         assert [fleet["hosts"][name]["status"] for name in RANKS] == ["failed", "failed"]
         assert fleet["hosts"][SOLO]["status"] == "relaunched" and fleet["counts"]["failed"] == 2
-        assert running_job(solo.container, run.result("Summarize", SOLO)["msg"]["job"]) != solo_job
+        assert running_job(solo.container, run.summary(SOLO)["job"]) != solo_job
         assert len(posts(lab)) == 1  # nothing called for another reboot
     finally:
         pct_host.unregister(RANK1_VMID)

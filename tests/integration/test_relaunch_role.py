@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.harness.launch_targets import end_recorded_runs
-from tests.harness.playbook import REPO, run_playbook
+from tests.harness.playbook import REPO, run_playbook, summaries
 
 HOSTS = ("gpu-a", "gpu-b")
 # Goals of the relaunch-as-code issue, per host: a no-op relaunch and a first relaunch.
@@ -81,7 +81,7 @@ def users_play(summary_dir: str) -> list[dict]:
 
 def summaries(run) -> dict:
     assert run.rc == 0, run.stdout[-5000:] + run.stderr[-2000:]
-    return {entry["_host"]: entry["summary"] for entry in run.tasks["Summarize"]}
+    return summaries(run)
 
 
 def test_the_role_in_a_users_play_relaunches_once_and_then_changes_nothing(cluster):
@@ -168,7 +168,7 @@ def test_each_include_is_its_own_relaunch_and_writes_its_own_file(tmp_path):
     try:
         run = run_playbook(play, inventory=str(inventory))
         assert run.rc == 0, run.stdout[-5000:] + run.stderr[-2000:]
-        first, second = (entry["summary"] for entry in run.tasks["Summarize"])
+        first, second = (entry["ansible_facts"]["relaunch_summary"] for entry in run.tasks["Summarize"])
         assert first["status"] == "failed" and first["rank"]["ranks"] == [host], first
         assert "Launch the job and prove it started" in first["failed"]
         # Nothing of the first include's: no failure, no rank (so no barrier and no stop again).

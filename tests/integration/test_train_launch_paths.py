@@ -170,7 +170,7 @@ def test_a_relaunch_whose_log_cannot_be_written_stops_nothing(target: Target) ->
     shutil.copy(DEMO, script)
     first = relaunch(target, relaunch_vars(target, script))
     assert first.rc == 0, first.stdout[-3000:]
-    pid = first.result(SUMMARY)["msg"]["job"]["pid"]
+    pid = first.summary()["job"]["pid"]
     assert running_pid(target) == int(pid)
 
     # A read-only bind mount, in the namespace's own mount namespace only.
@@ -184,7 +184,7 @@ def test_a_relaunch_whose_log_cannot_be_written_stops_nothing(target: Target) ->
     # Another log path is another spec: the relaunch is wanted, and its start cannot work.
     run = relaunch(target, relaunch_vars(target, script, job_launch_log_path=str(read_only / "logs" / "train.log")))
     assert run.rc != 0
-    summary = run.result(SUMMARY)["msg"]
+    summary = run.summary()
     why = (f"log_path: cannot create the log directory '{read_only}/logs': {read_only} "
            "is on a read-only file system")
     assert why in summary["failed"], summary["failed"]

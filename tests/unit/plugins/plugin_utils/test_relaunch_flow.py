@@ -9,8 +9,8 @@ from urllib.parse import unquote
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory, clearance,
-    decide, failure_message, fleet_summary, host_summary, rank_of,
+    FAILED_EARLY, FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory,
+    check_strategy, clearance, decide, failure_message, fleet_line, fleet_summary, host_summary, outcome_line, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
     CHECK_DIR, FLEET_FILE, ReportError, file_name_part, report_dir, summary_file_name, write_report,
@@ -102,12 +102,22 @@ def test_a_forced_relaunch_of_healthy_ranks_does_not_resume():
 @pytest.mark.parametrize("forced, hosts, named, refused", [
     (4, 4, False, True), (4, 4, True, False), (3, 4, False, False), (0, 0, False, False)])
 def test_a_force_on_every_host_needs_the_hosts_named(forced, hosts, named, refused):
+    play = [f"h{index}" for index in range(hosts)]
+    asked: list[str] = []
+
+    def is_forced(host):
+        asked.append(host)
+        return play.index(host) < forced
     if refused:
         with pytest.raises(RelaunchInputError, match="relaunch_hosts nor --limit"):
-            check_force(True, forced, hosts, named)
+            check_force(True, is_forced, play, named)
     else:
-        check_force(True, forced, hosts, named)
-    check_force(False, forced, hosts, named)
+        check_force(True, is_forced, play, named)
+    # The others are asked only until the first that is not forced (3 of 4: up to h3).
+    assert len(asked) <= (0 if named else min(forced + 1, hosts))
+    asked.clear()
+    check_force(False, is_forced, play, named)
+    assert not asked, "a run without a force reads no other host's variables"
 
 
 def test_rank_layout_problems_are_each_named():
@@ -295,7 +305,8 @@ def test_the_fleet_sums_hosts_jobs_and_counts():
     c = host_summary("c", False, {"probe": {"health": {"state": "running"}}, "decision": {"action": "none"}}, None, None)
     fleet = fleet_summary({"a": a, "b": b, "c": c, "d": None})
     assert fleet["hosts"]["a"] == {"status": "relaunched", "health": "crashed", "found": "signals", "ended": 2,
-                                   "container_reset": False, "pid": 4242, "seconds": 6.75, "rank": 0}
+                                   "container_reset": False, "pid": 4242, "seconds": 6.75, "rank": 0,
+                                   "failed": None}
     assert fleet["hosts"]["d"]["status"] == "failed" and fleet["hosts"]["c"]["rank"] is None
     assert fleet["jobs"] == {"a": {"ranks": ["a", "b"], "relaunched": ["a"], "failed": ["b"]}}
     assert fleet["counts"] == {"relaunched": 1, "unchanged": 1, "refused": 0, "failed": 2, "would_relaunch": 0}
@@ -393,3 +404,38 @@ def test_the_rank_env_filter_leaves_a_bad_port_to_the_decision():
     from ansible_collections.gpuops.relaunch.plugins.filter.relaunch import rank_env
     assert rank_env({"A": "1"}, ["a", "b"], "b", {"a": {"job_launch_master_port": "29500x"}}) == {"A": "1"}
     assert rank_env({}, ["a", "b"], "b", {"a": {"job_launch_master_port": "1234"}})["MASTER_PORT"] == "1234"
+
+
+@pytest.mark.parametrize("strategy, refused", [("linear", False), ("ansible.builtin.linear", False), (None, False),
+                                               ("free", True), ("host_pinned", True)])
+def test_ranks_need_a_strategy_that_holds_their_barriers(strategy, refused):
+    if refused:
+        with pytest.raises(RelaunchInputError, match="needs the linear strategy"):
+            check_strategy("gpu1", strategy)
+    else:
+        check_strategy("gpu1", strategy)
+
+
+def test_one_line_per_host_says_what_it_saw_did_and_why_escaped():
+    crashed = host_summary("gpu1", False, {
+        "probe": {"health": {"state": "crashed"}},
+        "decision": {"action": "relaunch", "why": "crashed \x1b[2J (exit 1)"},
+        "launch": {"pid": 42, "resumed": True, "operation": "start"}}, None, None)
+    line = outcome_line(crashed, "llm")
+    assert line == "gpu1 [llm]: crashed, relaunched (pid 42, resumed): crashed \\x1b[2J (exit 1)"
+    healthy = host_summary("gpu2", False, {"probe": {"health": {"state": "running"}},
+                                           "decision": {"action": "none", "why": "runs with its spec"}}, None, None)
+    assert outcome_line(healthy, "llm") == "gpu2 [llm]: running, nothing done: runs with its spec"
+    failed = host_summary("gpu3", False, {"probe": None, "decision": None}, "Look: unreachable", None)
+    assert outcome_line(failed, "llm") == "gpu3 [llm]: unknown, FAILED: Look: unreachable"
+
+
+def test_the_fleet_lists_hosts_that_failed_before_the_decision():
+    healthy = host_summary("a", False, {"probe": {"health": {"state": "running"}},
+                                        "decision": {"action": "none", "why": "fine"}}, None, None)
+    fleet = fleet_summary({"a": healthy, "b": None, "c": None}, failed_early=["b"])
+    assert fleet["hosts"]["b"]["status"] == "failed" and fleet["hosts"]["b"]["failed"] == FAILED_EARLY
+    assert fleet["hosts"]["c"]["failed"] == "failed before its summary"
+    assert fleet["hosts"]["a"]["failed"] is None
+    assert fleet["counts"]["failed"] == 2 and fleet["counts"]["unchanged"] == 1
+    assert fleet_line(fleet) == "3 host(s): 1 unchanged, 2 failed (failed: b, c)"
