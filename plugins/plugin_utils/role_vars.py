@@ -76,7 +76,7 @@ class RoleVar:
     default: the role default (UNSET: none, the module's applies; a Template: made of other variables).
     fallback: variables whose value it takes when unset, the first set one.
     empty_unset: an empty string counts as unset.
-    roles: the roles whose argument_specs list it (by its prefix unless given).
+    roles: the roles (or ROLE:ENTRY entry points) whose argument_specs list it (by its prefix unless given).
     required: the roles (or ROLE:ENTRY entry points) where it must be set.
     type/elements/choices/description: for a variable that is no module option (a module option's come
     from the module's DOCUMENTATION). notes: sentences added to the generated description.
@@ -117,7 +117,7 @@ VARIABLES: tuple[RoleVar, ...] = (
     _opt(_TL, "name", required=("job_launch", "relaunch"),
          notes=("No default - two jobs need two names, and a default would let a second job replace the first.",)),
     _opt(_TL, "command", required=("job_launch:main", "relaunch")),
-    _opt(_TL, "state", default="started", choices=("started", "restarted"), roles=("job_launch",),
+    _opt(_TL, "state", default="started", choices=("started", "restarted"), roles=("job_launch:main",),
          notes=("Limited to its two start states (the role's stop and health entry points set their own).",)),
     _opt(_TL, "shell"),
     _opt(_TL, "chdir"),
@@ -150,7 +150,7 @@ VARIABLES: tuple[RoleVar, ...] = (
     _opt(_TL, "relaunch_window", default=3600),
     _opt(_TL, "reset_guard", default=False,
          notes=("The way past a refusal by the crash-loop guard once its cause is fixed.",)),
-    RoleVar("job_launch_probe", roles=("job_launch",), type="bool", default=False, description=(
+    RoleVar("job_launch_probe", roles=("job_launch:main",), type="bool", default=False, description=(
         "Ask, do not act: run the role in check mode (apply C(check_mode=true) to the include) and do not count "
         "what it would do as a change. The answer is C(job_launch_result.operation) (V(none), V(start) or "
         "V(restart)) with C(job_launch_result.health) and C(job_launch_result.relaunch_guard).",)),
@@ -207,8 +207,8 @@ VARIABLES: tuple[RoleVar, ...] = (
     RoleVar("gpu_drain_environment", type="dict", default={}, description=(
         "Extra environment for the wait, for example PYTHONPATH of the NVML bindings.",)),
     RoleVar("gpu_drain_fail_on_timeout", roles=("gpu_drain",), type="bool", default=True, description=(
-        "Fail when the GPUs are not released in time (as M(gpuops.relaunch.relaunch_clearance) decides); false leaves "
-        "the decision to the play.",)),
+        "Fail when the GPUs are not released in time; false leaves the decision to the play (from "
+        "C(gpu_drain_needs_reboot) and C(gpu_drain_needs_host_action)).",)),
     # container_reset_* -> proxmox_ct_reboot (the role's own tasks pass them; its defaults/main.yml must agree)
     RoleVar("container_reset_allowed", type="bool", default=False, description=(
         "Whether a reboot of this host's container is allowed at all. Set it per host in the inventory.",)),
@@ -282,6 +282,7 @@ OTHER_NAMES: dict[str, str] = {
     "job_launch_health_result": "registered by job_launch (health)",
     # the process_cleanup role
     "process_cleanup_result": "registered by process_cleanup",
+    "process_cleanup_clearance": "registered by process_cleanup (relaunch_clearance's answer)",
     "process_cleanup_found_escalation": "fact of process_cleanup",
     "process_cleanup_found_reasons": "fact of process_cleanup",
     "process_cleanup_escalation": "fact of process_cleanup",
@@ -293,6 +294,7 @@ OTHER_NAMES: dict[str, str] = {
     "process_cleanup_other_jobs": "fact of process_cleanup",
     # the gpu_drain role
     "gpu_drain_result": "registered by gpu_drain",
+    "gpu_drain_clearance": "registered by gpu_drain (relaunch_clearance's answer)",
     "gpu_drain_released": "fact of gpu_drain",
     "gpu_drain_escalation": "fact of gpu_drain",
     "gpu_drain_needs_reboot": "fact of gpu_drain",
@@ -341,7 +343,8 @@ def known_names() -> frozenset[str]:
 def variables(module: str | None = None, role: str | None = None) -> tuple[RoleVar, ...]:
     """The declared variables, in declaration order: of one module, and/or listed by one role."""
     return tuple(var for var in VARIABLES
-                 if (module is None or var.module == module) and (role is None or role in var.in_roles))
+                 if (module is None or var.module == module)
+                 and (role is None or any(r == role or r.startswith(role + ":") for r in var.in_roles)))
 
 
 def role_var(module: str, option: str) -> str | None:

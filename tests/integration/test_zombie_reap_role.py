@@ -16,10 +16,10 @@ FACTS = [
     "process_cleanup_needs_reboot", "process_cleanup_needs_host_action", "process_cleanup_reasons",
     "process_cleanup_ended", "process_cleanup_remaining", "process_cleanup_other_jobs",
 ]
-# What the role runs: the argument check, the one module call, the facts, the fail task (skipped
-# unless asked for). Only the reap reaches the target.
-ROLE_TASKS = 4
-LOCAL_TASKS = ("Validating arguments against arg spec", "Record what was found", "Stop when only")
+# What the role runs: the argument check, the one module call, relaunch_clearance's judgement (on the
+# controller), the facts, the fail task (skipped unless asked for). Only the reap reaches the target.
+ROLE_TASKS = 5
+LOCAL_TASKS = ("Validating arguments against arg spec", "Decide whether only", "Record what was found", "Stop when only")
 
 
 def role_play(match: str, hosts: str = "all") -> list[dict]:

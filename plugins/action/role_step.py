@@ -1,0 +1,55 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action for gpuops.relaunch.role_step: run a step role's module with its options taken from the role variables
+(plugin_utils/role_vars), refusing a misspelt variable first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import (
+    MODULE_PREFIX, module_args, name_the_variables, unknown_variables,
+)
+
+ARGUMENT_SPEC = {
+    "module": {"type": "str", "required": True, "choices": sorted(MODULE_PREFIX)},
+    "options": {"type": "dict", "default": {}},
+}
+
+
+class ActionModule(ActionBase):
+    """Builds the module's arguments on the controller and runs the module on the target (one module run)."""
+
+    TRANSFERS_FILES = False
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        unknown = unknown_variables(task_vars)
+        if unknown:
+            result.update(failed=True, changed=False, msg="; ".join(unknown), unknown_variables=unknown)
+            return result
+        omit = task_vars.get("omit")
+
+        def lookup(name: str) -> Any:
+            if name not in task_vars:
+                raise KeyError(name)
+            value = self._templar.template(task_vars[name])
+            # "{{ omit }}" as a variable's value means what leaving it unset means.
+            if omit is not None and value == omit:
+                raise KeyError(name)
+            return value
+
+        module = args["module"]
+        explicit = args["options"]
+        module_options = {**module_args(module, lookup), **explicit}
+        answer = self._execute_module(module_name=f"gpuops.relaunch.{module}", module_args=module_options,
+                                      task_vars=task_vars)
+        if answer.get("failed") and answer.get("option_problems"):
+            answer["msg"] = name_the_variables(module, str(answer.get("msg") or ""), answer["option_problems"],
+                                               explicit=explicit)
+        result.update(answer)
+        return result
