@@ -94,14 +94,18 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
     assert all(running.values()), running
 
     # Force from the command line without naming hosts (or with a typo for relaunch_hosts): refused
-    # on every host before anything is stopped (the probe, a question, has looked).
+    # on every host before anything is stopped (the probe, a question, has looked; the typo is refused
+    # as a misspelt variable, before the probe).
     for extra in ({"relaunch_force": True}, {"relaunch_force": "true", "relaunch_host": "job-a"}):
         refused = site.relaunch(extra)
         assert refused.rc != 0
         for host in HOSTS:
             failure = refused.result(REFUSE, host)
             assert failure["failed"] is True, failure
-            assert "relaunch_hosts" in failure["msg"] and "--limit" in failure["msg"], failure["msg"]
+            if "relaunch_host" in extra:
+                assert "relaunch_host is not a variable of gpuops.relaunch (did you mean relaunch_hosts?)" in failure["msg"]
+            else:
+                assert "relaunch_hosts" in failure["msg"] and "--limit" in failure["msg"], failure["msg"]
         assert STOP not in refused.tasks
         assert {summary["status"] for summary in summaries(refused).values()} == {"failed"}
         assert site.pids() == running
