@@ -56,7 +56,7 @@ description:
     kernel threads, or processes matching the default protected patterns of M(gpuops.relaunch.zombie_reap).
     A recorded pid that fails the proof (reused, restored, edited) is reported in RV(stop.ignored) and left alone.
   - Before anything is stopped or rotated, a start checks that it can work, in check mode exactly as
-    for real (so the probe of C(playbooks/relaunch.yml) fails where the start would, and nothing is
+    for real (so the probe of the C(gpuops.relaunch.relaunch) role fails where the start would, and nothing is
     stopped) - asked as the job's user (a forked child takes the job's groups and user, enters O(chdir)
     as the start does and calls C(access)), since root reaches what the user cannot - O(chdir) can be
     entered, the program is found (on its C(PATH), or relative to O(chdir)) and can be executed, no
@@ -815,7 +815,7 @@ decision:
       that runs with this spec; use O(state=probe) for that.
   returned: with state probe, started, restarted and health, unless the options were refused
   type: dict
-  sample: {"action": "relaunch", "relaunch": true, "resume": true,
+  sample: {"action": "relaunch", "relaunch": true, "resume": true, "resume_mode": "always",
            "why": "the job is crashed: ended with exit code 3 at 2026-12-02T16:10:00+00:00"}
   contains:
     action:
@@ -838,6 +838,12 @@ decision:
         - Whether the relaunch appends O(resume_args) (after a failure with O(resume=auto), after any
           earlier run with O(resume=always)); false when nothing is relaunched.
       type: bool
+    resume_mode:
+      description:
+        - The O(resume) value that makes the start of this relaunch do what RV(decision.resume) says
+          (V(always) when it resumes, else V(never)); the start decides with the same rule.
+      type: str
+      choices: [always, never]
 guard_cleared:
   description: How many relaunches O(reset_guard) cleared from the job's history (in check mode, would clear).
   returned: when O(reset_guard) is true, unless the options were refused
@@ -859,7 +865,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control im
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES, STATE_WORDS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, open_gpu_source
 
 # One GPU query for the incident record may take this long (NVML can hang in the kernel).
 GPU_QUERY_TIMEOUT = 10.0
@@ -871,6 +876,9 @@ def gpu_evidence(members: list[int]) -> dict:
     The pids NVML reports are the host's: inside a container they differ from the members' pids,
     so C(job_member) can only say yes where both live in the same PID namespace.
     """
+    # Imported here: only an incident record asks for it, and every run of the module compiles what it imports.
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (  # pylint: disable=import-outside-toplevel
+        GpuQueryError, open_gpu_source)
     # OSError and ValueError too: the evidence is optional, and must never keep the stop from happening.
     try:
         source = open_gpu_source("auto", "nvidia-smi", GPU_QUERY_TIMEOUT)

@@ -8,12 +8,14 @@ starts, rotates or removes anything. reset_guard is the documented way past the 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.harness.launch_targets import Target, in_pid_namespace
+from tests.harness.playbook import REPO
 from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
@@ -48,6 +50,40 @@ def health_until(target: Target, wanted: str, **options: Any) -> dict[str, Any]:
 
 def job_dir(target: Target) -> Path:
     return Path(target.state_dir) / "job"
+
+
+# The start path's modules: a probe of a job that runs with this spec needs none of them, and every
+# module run on a target compiles what it imports afresh (AnsiballZ imports from a zip).
+START_PATH_MODULES = ("_launch.supervisor", "_launch.systemd", "_launch.executor", "_launch.incident",
+                      "_launch.readiness", "_launch.sharing", "_metrics.textfile", "_gpu.query")
+
+# The module run as AnsiballZ runs it, in a fresh interpreter; what it imported goes to argv[2].
+PROBE_IN_FRESH_INTERPRETER = """
+import atexit, json, sys
+imported = sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+atexit.register(lambda: open(imported, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv = sys.argv[:2]
+from ansible_collections.gpuops.relaunch.plugins.modules import train_launch
+train_launch.main()
+"""
+
+
+def test_a_probe_of_a_running_job_imports_nothing_of_the_start_path(ns: Target, tmp_path) -> None:
+    task = ns.launch_task(task_name="t", min_uptime=0.2, backend="supervisor")
+    assert ns.play([task]).result("t")["running"] is True
+    args, imported = tmp_path / "args.json", tmp_path / "imported.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": dict(task["gpuops.relaunch.train_launch"], state="probe")}))
+    # This interpreter: it has Ansible's module_utils, as the AnsiballZ payload has.
+    ran = ns.namespace.run_inside([sys.executable, "-c", PROBE_IN_FRESH_INTERPRETER, str(args), str(imported),
+                                   str(REPO / ".build" / "collections")])
+    assert ran.returncode == 0, ran.stderr
+    probe = json.loads(ran.stdout)
+    assert probe["operation"] == "none" and probe["decision"]["action"] == "none", probe
+    prefix = "ansible_collections.gpuops.relaunch.plugins.module_utils."
+    modules = json.loads(imported.read_text())
+    assert prefix + "_launch.judge" in modules
+    assert [name for name in START_PATH_MODULES if prefix + name in modules] == []
 
 
 def test_a_running_job_is_left_alone_and_its_progress_noted(ns: Target) -> None:

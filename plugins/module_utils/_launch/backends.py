@@ -13,7 +13,6 @@ import shutil
 import subprocess
 from typing import Any, Callable, Protocol
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import LIVE_FILE, settings_of
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import DEFAULT_PATH, LaunchOptions
@@ -25,7 +24,6 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
     run_mark,
     utc_now,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import install_supervisor, spawn_detached
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
     KILL_WAIT,
     StopOutcome,
@@ -40,6 +38,18 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
 
 # The job's log: the job's user writes it, its group may read it.
 LOG_MODE = 0o640
+
+
+# The start path's modules (supervisor.py, systemd.py) are imported where a start or a systemd run needs
+# them: a module run compiles everything it imports afresh, and a probe of a healthy job needs neither.
+def _supervisor() -> Any:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import supervisor  # pylint: disable=import-outside-toplevel
+    return supervisor
+
+
+def _systemd() -> Any:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd  # pylint: disable=import-outside-toplevel
+    return systemd
 
 
 class Backend(Protocol):
@@ -103,7 +113,8 @@ class SupervisorBackend:
         return idle
 
     def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
-        script = install_supervisor(self.records.job_dir)
+        supervisor = _supervisor()
+        script = supervisor.install_supervisor(self.records.job_dir)
         self.records.write_launch(launch)
         idle = self.idle_supervisor()
         # The supervisor stayed because nothing could reap it: it takes the new run, if the gate
@@ -112,8 +123,8 @@ class SupervisorBackend:
             return
         # -I and a minimal environment: nothing of the Ansible connection's Python set-up carries
         # over. SUPERVISOR_MARK is how a later task proves this process is the job's supervisor.
-        spawn_detached([self.python, "-I", script, "run", self.records.job_dir], launch["log_path"], LOG_MODE,
-                       env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", SUPERVISOR_MARK: self.records.job_dir})
+        supervisor.spawn_detached([self.python, "-I", script, "run", self.records.job_dir], launch["log_path"], LOG_MODE,
+                                  env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", SUPERVISOR_MARK: self.records.job_dir})
 
     def run_record(self, run_id: str) -> dict | None:
         run = self.records.read_run()
@@ -138,10 +149,11 @@ class SystemdBackend:
     def __init__(self, records: JobRecords, python: str, job_name: str) -> None:
         self.records = records
         self.python = python
-        self.unit = systemd.unit_name(job_name)
+        self.unit = _systemd().unit_name(job_name)
 
     def start(self, options: LaunchOptions, launch: dict[str, Any]) -> None:
-        script = install_supervisor(self.records.job_dir)
+        systemd = _systemd()
+        script = _supervisor().install_supervisor(self.records.job_dir)
         self.records.write_launch(launch)
         # The main process opens the log and becomes the job (supervisor.py exec): systemd never
         # opens the log path itself.
@@ -192,6 +204,7 @@ class SystemdBackend:
     # The unit is always the one named after this job, never the record's "unit": a record that
     # names ssh.service must not make a stop stop it.
     def active(self, run: dict) -> bool:
+        systemd = _systemd()
         shown = systemd.show(self.unit)
         if systemd.unit_active(shown) and shown.get("InvocationID") == run.get("invocation_id"):
             return True
@@ -199,7 +212,7 @@ class SystemdBackend:
         return identity is not None and leader_alive(identity, self.records.proc_root)
 
     def stop(self, run: dict, options: LaunchOptions) -> StopOutcome:
-        systemd.stop_unit(self.unit, options.term_timeout + KILL_WAIT + 30)
+        _systemd().stop_unit(self.unit, options.term_timeout + KILL_WAIT + 30)
         outcome = StopOutcome(signalled=[run["pid"]] if run.get("pid") else [])
         deadline = Deadline(KILL_WAIT)
         outcome.gone = deadline.poll(lambda: not self.active(run))
@@ -214,6 +227,7 @@ def resolve_backend(requested: str) -> str:
     """auto: systemd where PID 1 is systemd (and systemd-run exists), else the supervisor."""
     if requested != "auto":
         return requested
+    systemd = _systemd()
     if systemd.systemd_is_init() and shutil.which(systemd.SYSTEMD_RUN):
         return "systemd"
     return "supervisor"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import resolve_backend
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import (
@@ -28,16 +28,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision i
     Decision,
     LaunchState,
     decide,
-)
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor import (
-    PREVIOUS_RUN_KEYS,
-    ExecutionFailed,
-    Executor,
-    exit_fields,
-    failed_start_log,
-    remove_path,
-    reset_history,
-    run_fields,
+    would_resume,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import JobJudge, Judgement
@@ -48,18 +39,27 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan impor
     Plan,
     plan_start,
     runs_with_this_spec,
-    would_resume,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.sharing import check_not_shared
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import (
+    PREVIOUS_RUN_KEYS,
+    JobRecords,
+    exit_fields,
+    failed_start_log,
+    reset_history,
+    run_fields,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions, preflight_start
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import KILL_WAIT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
-# remove_path: the tests' and other callers' name for the executor's removal.
-__all__ = ["LaunchController", "LaunchError", "remove_path"]
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor import Executor
+
+# The executor (executor.py, and through it the start path: incident records, readiness, the supervisor,
+# systemd) is imported by the first task that changes the job. Every module run compiles what it imports
+# afresh (AnsiballZ imports from a zip), and a probe or health check of a healthy job changes nothing.
 
 # The states that change the job, and so work under the job's lock.
 CHANGING_STATES = START_STATES + (LaunchState.STOPPED.value,)
@@ -100,6 +100,7 @@ class LaunchController:
     def __post_init__(self) -> None:
         self.records = JobRecords(self.options.job_dir, self.proc_root)
         self.preflight_passed = False
+        self.executor: Executor | None = None
 
     @property
     def state(self) -> str:
@@ -126,6 +127,7 @@ class LaunchController:
         return result
 
     def _executor(self, health: HealthReport) -> Executor:
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor import Executor  # pylint: disable=import-outside-toplevel
         return Executor(self.options, self.records, health, self.python, self.proc_root,
                         self.wall_clock, self.gpu_evidence)
 
@@ -161,18 +163,18 @@ class LaunchController:
         if self.state == LaunchState.HEALTH.value:
             return self._health_only(result, judgement)
         result["incident"] = None
-        executor = self._executor(judgement.health)
         health = judgement.health
         if not self.check_mode and not self.probing and health.state.failed and health.has_run:
             # Before anything is signalled: a hang is gone once the job is killed. A missing run (its
             # main process gone without an exit record) has evidence only while some of its tree is
             # left to stop; with nothing left, its health and log say it all.
+            executor = self._task_executor(judgement)
             self._execute(result, executor, executor.incident, status.run,
                           write=health.state != Health.MISSING or judgement.active)
             result["incident"] = executor.done.get("incident")
         if self.state == LaunchState.STOPPED.value:
-            return self._stopped(result, judgement, executor)
-        return self._started(result, judgement, executor)
+            return self._stopped(result, judgement)
+        return self._started(result, judgement)
 
     def _take_lock(self, result: dict[str, Any]) -> None:
         """The job's lock, for a task that changes the job (or clears its history); no probe waits for it."""
@@ -189,9 +191,17 @@ class LaunchController:
         # Long enough for another task to stop the job and prove a new start.
         self.records.lock(self.options.term_timeout + KILL_WAIT + self.options.startup_timeout + 60)
 
+    def _task_executor(self, judgement: Judgement) -> Executor:
+        """The task's one executor (what its steps did accumulates there), made by the first step that changes the job."""
+        if self.executor is None:
+            self.executor = self._executor(judgement.health)
+        return self.executor
+
     def _execute(self, result: dict[str, Any], executor: Executor, step: Callable[..., Any], *args: Any,
                  **kwargs: Any) -> Any:
         """One step of the executor; its failure is a LaunchError with everything known so far."""
+        # Imported already with the executor (see _executor).
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor import ExecutionFailed  # pylint: disable=import-outside-toplevel
         try:
             return step(*args, **kwargs)
         except ExecutionFailed as exc:
@@ -219,7 +229,7 @@ class LaunchController:
 
     # --- stopped ---------------------------------------------------------------------------
 
-    def _stopped(self, result: dict[str, Any], judgement: Judgement, executor: Executor) -> dict[str, Any]:
+    def _stopped(self, result: dict[str, Any], judgement: Judgement) -> dict[str, Any]:
         run = judgement.status.run
         result["running"] = False
         result["operation"] = Operation.STOP.value if judgement.active else Operation.NONE.value
@@ -234,6 +244,7 @@ class LaunchController:
             result["msg"] = (f"would stop the job (pid {run.get('pid')}) with SIGTERM, then SIGKILL after "
                              f"{self.options.term_timeout:g}s")
             return result
+        executor = self._task_executor(judgement)
         outcome = self._execute(result, executor, executor.stop, run, judgement.recorded)
         _with_done(result, executor)
         result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
@@ -261,7 +272,7 @@ class LaunchController:
             resume=would_resume(options.resume_args, options.resume, judgement.health),
             backend=backend, spec_hash=spec.spec_hash, rotated_log=rotated_log, removed_paths=removed_paths)
 
-    def _started(self, result: dict[str, Any], judgement: Judgement, executor: Executor) -> dict[str, Any]:
+    def _started(self, result: dict[str, Any], judgement: Judgement) -> dict[str, Any]:
         options = self.options
         if options.spec is None:  # options_from_params requires a command for these states
             raise LaunchError("command: required with state=" + self.state, result)
@@ -290,6 +301,7 @@ class LaunchController:
         if rendered:
             return self._render(result, plan, judgement)
         result["changed"] = True
+        executor = self._task_executor(judgement)
         self._execute(result, executor, executor.start, plan, judgement)
         return _with_done(result, executor)
 
@@ -323,6 +335,8 @@ class LaunchController:
             return
         problems: list[BadOption] = []
         # The machine's checks, then the other jobs': a log another live job writes is never taken over.
+        # sharing.py only here: a probe of a job that runs with this spec never gets this far.
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.sharing import check_not_shared  # pylint: disable=import-outside-toplevel
         for check in (lambda: preflight_start(self.options), lambda: check_not_shared(self.options, self.proc_root)):
             try:
                 check()

@@ -17,21 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import LOG_MODE, Backend, RecordedRunProbe, make_backend
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, history_entries, with_relaunch
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, with_relaunch
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import STOP_FILE, HealthReport, iso
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident import (
-    INCIDENT_LOG_LINES,
-    existing_incident,
-    py_spy_dumps,
-    thread_evidence,
-    write_incident,
-)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import Judgement
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path, refresh_once, remove_live_file
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import create_log, failed_log_name, rotate, set_aside, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import Plan
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords, new_run_id
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import (
+    PREVIOUS_RUN_KEYS,
+    JobRecords,
+    exit_fields,
+    failed_start_log,
+    new_run_id,
+    run_fields,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import FAILED_START_FILE, LAUNCH_FILE, utc_now
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import StopOutcome, look
@@ -39,35 +38,16 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safep
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import format_pids
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
-from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile import LIVE_FILE_PREFIX, file_name
+
+# incident.py, readiness.py and the textfile writer are imported by the step that uses them: every
+# task imports this module, a module run compiles what it imports afresh, and a probe uses none of them.
 
 # How long a stopped run may take to get its exit record.
 EXIT_RECORD_WAIT = 5.0
-# What the result says about the run that a (re)start replaced.
-PREVIOUS_RUN_KEYS = ("run_id", "pid", "pgid", "starttime", "started_at", "supervisor_pid", "unit",
-                     "exit_code", "exit_signal", "ended_at", "start_error")
 
 
 class ExecutionFailed(Exception):
     """A step of the executor failed; its `done` says what happened before."""
-
-
-def run_fields(run: dict | None) -> dict[str, Any]:
-    """What the result says about a recorded run."""
-    if not run:
-        return {}
-    keys = ("run_id", "pid", "pgid", "starttime", "started_at", "spec_hash", "supervisor_pid", "unit")
-    return {key: run.get(key) for key in keys if key in run}
-
-
-def exit_fields(record: dict | None) -> dict[str, Any]:
-    """What the result says about how a run ended."""
-    if not record:
-        return {}
-    fields = {key: record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
-    if record.get("error"):
-        fields["start_error"] = record["error"]
-    return fields
 
 
 def remove_path(path: str) -> bool:
@@ -83,24 +63,6 @@ def remove_path(path: str) -> bool:
         return False
     with parent:
         return safepath.remove_at(parent.fd, name)
-
-
-def failed_start_log(records: JobRecords, log_path: str | None) -> str | None:
-    """Where the log at log_path goes if it is the log of a start that was never proven."""
-    failed = records.read(FAILED_START_FILE)
-    launched = records.read(LAUNCH_FILE)
-    if (failed and launched and failed.get("run_id") == launched.get("run_id")
-            and failed.get("log_path") == log_path and safepath.lexists(log_path)):
-        return failed_log_name(log_path)
-    return None
-
-
-def reset_history(records: JobRecords, write: bool) -> int:
-    """reset_guard: how many relaunches the history holds; cleared (if `write`) through the records."""
-    entries = history_entries(records.read(HISTORY_FILE))
-    if entries and write:
-        records.write(HISTORY_FILE, {"relaunches": []})
-    return len(entries)
 
 
 @dataclass
@@ -125,6 +87,8 @@ class Executor:
 
     def incident(self, run: dict, write: bool = True) -> None:
         """The incident record of the failed run: one per run, written (if `write`) before any signal."""
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident import (  # pylint: disable=import-outside-toplevel
+            INCIDENT_LOG_LINES, existing_incident, py_spy_dumps, thread_evidence, write_incident)
         identity = self.records.identity(run)
         # A run id names the record's file: one that is not a run id (a record that lies) never does.
         run_id = identity.run_id if identity is not None else "unsound-run-record"
@@ -260,6 +224,10 @@ class Executor:
         # And if it fails before the job runs, the job is judged as the run it replaced, never as
         # missing (see JobRecords.start_failure): that run's record, and how it ended, are kept here.
         self.records.write(FAILED_START_FILE, {"run_id": run_id, "log_path": options.log_path, "replaces": replaces})
+        # pylint: disable-next=import-outside-toplevel
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.readiness import LogScanner, wait_ready
+        # pylint: disable-next=import-outside-toplevel
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile import LIVE_FILE_PREFIX, file_name
         kept = live_path(self.records.read(LAUNCH_FILE))
         if kept is not None and (options.metrics_dir is None
                                  or kept != os.path.join(options.metrics_dir, file_name(options.name, LIVE_FILE_PREFIX))):

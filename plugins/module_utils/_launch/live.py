@@ -40,11 +40,21 @@ if not __package__:
     import health  # pylint: disable=import-error
     import jobfiles  # pylint: disable=import-error
     import polling  # pylint: disable=import-error
-    import textfile  # pylint: disable=import-error
 else:
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import polling
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import health, jobfiles
-    from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics import textfile
+
+
+def _textfile() -> Any:
+    """The textfile writer, imported where a live file is named or written: train_launch imports this
+    module on every run, and a job without metrics_dir never needs the writer."""
+    # pylint: disable=import-outside-toplevel
+    if not __package__:
+        import textfile  # pylint: disable=import-error
+    else:
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics import textfile
+    return textfile
+
 
 # launch.json's keys: the live file's settings, and the stall rule (stored with every start).
 LAUNCH_KEY = "live"
@@ -74,6 +84,7 @@ class LiveSettings:
 
     @property
     def file_name(self) -> str:
+        textfile = _textfile()
         return textfile.file_name(self.job, textfile.LIVE_FILE_PREFIX)
 
     @property
@@ -128,7 +139,7 @@ def remove_live_file(path: str) -> bool:
     The directory is walked as the writer walks it; a link at the name is removed, never followed."""
     directory, name = os.path.split(path)
     try:
-        with textfile.walk(directory) as found:
+        with _textfile().walk(directory) as found:
             os.unlink(name, dir_fd=found.fd)
     except OSError:
         return False
@@ -227,6 +238,7 @@ class Monitor:
                 if run is None or run.get("run_id") != self.run_id:
                     return None  # not (or no longer) this run's file to write
                 report = assess(self.job_dir, self.settings, run, alive, self.clock, seen=self.seen)
+                textfile = _textfile()
                 text = textfile.render(textfile.live_metrics(self.settings.job, self.settings.host, report.as_dict(),
                                                              round(self.clock(), 3)))
                 textfile.write_textfile(self.settings.directory, self.settings.file_name, text)

@@ -34,7 +34,9 @@ import fcntl
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, history_entries
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import (
     EXIT_FILE,
     FAILED_START_FILE,
@@ -44,6 +46,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
     open_regular,
     write_json_atomic,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import failed_log_name
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, RecordError, leader_alive
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
@@ -214,3 +217,45 @@ class JobRecords:
         ended = self.read_exit(identity.run_id)
         running = ended is None and leader_alive(identity, self.proc_root)
         return JobStatus(run, ended, running)
+
+
+# What a task's result says about the records (the controller and the executor both build results from them).
+# What the result says about the run that a (re)start replaced.
+PREVIOUS_RUN_KEYS = ("run_id", "pid", "pgid", "starttime", "started_at", "supervisor_pid", "unit",
+                     "exit_code", "exit_signal", "ended_at", "start_error")
+
+
+def run_fields(run: dict | None) -> dict[str, Any]:
+    """What the result says about a recorded run."""
+    if not run:
+        return {}
+    keys = ("run_id", "pid", "pgid", "starttime", "started_at", "spec_hash", "supervisor_pid", "unit")
+    return {key: run.get(key) for key in keys if key in run}
+
+
+def exit_fields(record: dict | None) -> dict[str, Any]:
+    """What the result says about how a run ended."""
+    if not record:
+        return {}
+    fields = {key: record.get(key) for key in ("exit_code", "exit_signal", "ended_at")}
+    if record.get("error"):
+        fields["start_error"] = record["error"]
+    return fields
+
+
+def failed_start_log(records: JobRecords, log_path: str | None) -> str | None:
+    """Where the log at log_path goes if it is the log of a start that was never proven."""
+    failed = records.read(FAILED_START_FILE)
+    launched = records.read(LAUNCH_FILE)
+    if (failed and launched and failed.get("run_id") == launched.get("run_id")
+            and failed.get("log_path") == log_path and safepath.lexists(log_path)):
+        return failed_log_name(log_path)
+    return None
+
+
+def reset_history(records: JobRecords, write: bool) -> int:
+    """reset_guard: how many relaunches the history holds; cleared (if `write`) through the records."""
+    entries = history_entries(records.read(HISTORY_FILE))
+    if entries and write:
+        records.write(HISTORY_FILE, {"relaunches": []})
+    return len(entries)

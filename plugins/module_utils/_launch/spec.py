@@ -33,9 +33,7 @@ from typing import Any, Mapping, Pattern
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import check_as_job_user
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -222,6 +220,9 @@ def resolve_program(program: str, search_path: str, chdir: str | None, user: str
     a link. BadOption names chdir when the working directory cannot be entered (the program is looked
     up from there: a relative path from it, a name on the job's PATH), command when no program is found.
     """
+    # Imported here (supervisor.py is the start path's; a probe of a healthy job never gets this far).
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import (  # pylint: disable=import-outside-toplevel
+        check_as_job_user)
     found = check_as_job_user({"argv": [program], "env": {"PATH": search_path}, "chdir": chdir,
                                "user": user, "group": group})
     if "program" in found:
@@ -339,7 +340,10 @@ def _check_metrics_dir(metrics_dir: str) -> None:
 
 
 def _check_backend(backend: str) -> None:
-    if backend == "systemd" and not (systemd.systemd_is_init() and shutil.which(systemd.SYSTEMD_RUN)):
+    if backend != "systemd":
+        return
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import systemd  # pylint: disable=import-outside-toplevel
+    if not (systemd.systemd_is_init() and shutil.which(systemd.SYSTEMD_RUN)):
         raise BadOption("backend", "systemd is not PID 1 here (or systemd-run is missing); "
                         "use backend=supervisor or auto")
 

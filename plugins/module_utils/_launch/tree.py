@@ -36,14 +36,20 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.systemd import unit_name
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import (
     RUN_MARK,
     SUPERVISOR_MARK,
     run_mark,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import Process, ProcessTable, compile_patterns, read_small
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
+    Process,
+    ProcessTable,
+    compile_patterns,
+    read_environ_value,
+    read_process,
+    read_small,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import DEFAULT_PROTECTED, Protection
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
@@ -106,7 +112,7 @@ class JobIdentity:
             starttime=_record_int(run, "starttime", source, required=False),
             supervisor_pid=_record_int(run, "supervisor_pid", source, required=False),
             supervisor_starttime=_record_int(run, "supervisor_starttime", source, required=False),
-            unit=unit_name(os.path.basename(job_dir)) if run.get("backend") == "systemd" else None,
+            unit=_unit_name(os.path.basename(job_dir)) if run.get("backend") == "systemd" else None,
         )
 
     @property
@@ -150,7 +156,26 @@ def recorded_identity(pid: object, starttime: object) -> Identity | None:
 
 def _carries(table: ProcessTable, process: Process, name: str) -> str | None:
     """`name` in the environment of exactly the process the scan saw."""
-    return ProcessControl(table.proc_root).environ_value(Identity.of(process), name)
+    value = read_environ_value(table.proc_root, process.pid, name)
+    return value if value is not None and _still_seen(table, process) else None
+
+
+def _still_seen(table: ProcessTable, process: Process) -> bool:
+    """Whether `process`'s pid still has the start time the scan saw, so that what was read of it
+    since was its own and not a later process's with its pid. Its stat alone is read again: the
+    identity is (pid, start time), nothing else (:class:`.signal_gate.Identity`)."""
+    return Identity(process.pid, process.starttime).matches(read_process(table.proc_root, process.pid, with_cmdline=False))
+
+
+def _marked(table: ProcessTable, process: Process, identity: JobIdentity) -> bool:
+    """Whether exactly the process the scan saw carries `identity`'s run mark (:meth:`JobIdentity.marks`).
+
+    Proven only where the environment names this run: a process whose environment does not is no
+    member whoever's environment was read (the process the scan saw, or a later one with its pid
+    after the one seen has ended), and on a host of ten thousand processes few carry a run's mark.
+    """
+    carried = read_environ_value(table.proc_root, process.pid, RUN_MARK)
+    return identity.marks(process, carried) and _still_seen(table, process)
 
 
 def unit_control_groups(proc_root: str, unit: str) -> frozenset[bytes]:
@@ -180,7 +205,12 @@ def _in_control_group(table: ProcessTable, process: Process, groups: frozenset[b
     """
     raw = read_small(f"{table.proc_root}/{process.pid}/cgroup")
     found = raw is not None and any(line in groups for line in raw.splitlines())
-    return found and ProcessControl(table.proc_root).current(Identity.of(process)) is not None
+    return found and _still_seen(table, process)
+
+
+def _unit_name(job_name: str) -> str:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.systemd import unit_name  # pylint: disable=import-outside-toplevel
+    return unit_name(job_name)
 
 
 def stop_gate(table: ProcessTable, control: ProcessControl | None = None) -> SignalGate:
@@ -366,7 +396,7 @@ def _marked_members(table: ProcessTable, identity: JobIdentity) -> set[int]:
         pid for pid, process in table.processes.items()
         # Cheap tests first: the environment is read only of live processes not older than the run.
         if process.starttime >= floor and not process.is_zombie and (
-            identity.marks(process, _carries(table, process, RUN_MARK))
+            _marked(table, process, identity)
             or (groups and _in_control_group(table, process, groups)))
     }
 

@@ -47,7 +47,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal imp
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import IDLE_FILE, RUN_MARK, SUPERVISOR_MARK
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import IDLE_FILE, RUN_MARK, SUPERVISOR_MARK
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
     JobIdentity,
     RecordError,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import remove_path
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor import remove_path
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import last_progress
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident import thread_evidence, write_incident
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import create_log, rotate, set_aside, tail
