@@ -54,7 +54,9 @@ class ActionModule(ActionBase):
             rank = self._rank(host, args, task_vars)
         except RelaunchInputError as exc:
             return self._fail(result, host, None, str(exc), args, task_vars)
-        probe = self._probe(args, rank, task_vars)
+        options = self._probe_options(args, rank, task_vars)
+        probe = self._execute_module(module_name="gpuops.relaunch.train_launch", module_args=options,
+                                     task_vars=task_vars)
         if probe.get("failed") or probe.get("unreachable"):
             msg = name_the_variables("train_launch", str(probe.get("msg") or "the probe failed"),
                                      probe.get("option_problems") or [])
@@ -64,7 +66,10 @@ class ActionModule(ActionBase):
         rank_facts = rank.as_dict() if rank is not None else None
         # A rank decides with its job's other ranks in the next step; a job of one host is decided now.
         done = rank is None and not decision["relaunch"]
+        # A rank's launch is given the environment its probe compared (the job's, with the rank's variables).
+        launch_env = options["env"] if rank is not None else None
         result.update(changed=False, probe=probe, decision=decision, rank=rank_facts, done=done, msg=decision["why"],
+                      launch_env=launch_env,
                       ansible_facts={"relaunch_decision": decision, "relaunch_rank": rank_facts})
         if done:
             published = self._publish(host, probe, decision, args, task_vars)
@@ -94,8 +99,8 @@ class ActionModule(ActionBase):
             play = getattr(play, "_play", None) or getattr(play, "_parent", None)
         return getattr(play, "strategy", None)
 
-    def _probe(self, args: Mapping[str, Any], rank: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
-        """train_launch state=probe with the role variables' options (the spec the launch would start)."""
+    def _probe_options(self, args: Mapping[str, Any], rank: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
+        """train_launch's options for state=probe from the role variables (the spec the launch would start)."""
         omit = task_vars.get("omit")
 
         def lookup(name: str) -> Any:
@@ -109,8 +114,7 @@ class ActionModule(ActionBase):
             options["env"] = dict(options.get("env") or {}, **rank.env())
         options.update(state="probe", force=args["force"], reset_guard=args["reset_guard"],
                        metrics_host=task_vars["inventory_hostname"])
-        return self._execute_module(module_name="gpuops.relaunch.train_launch", module_args=options,
-                                    task_vars=task_vars)
+        return options
 
     def _fail(self, result: dict[str, Any], host: str, probe: dict[str, Any] | None, msg: str,
               args: Mapping[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:

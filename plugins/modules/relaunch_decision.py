@@ -143,6 +143,12 @@ probe:
   description: M(gpuops.relaunch.train_launch)'s probe result (its C(health), C(decision), C(relaunch_guard), plan).
   returned: when the probe ran
   type: dict
+launch_env:
+  description:
+    - For a rank of a multi-rank job, the environment its probe compared (the job's C(job_launch_env) with
+      C(MASTER_ADDR), C(MASTER_PORT), C(NODE_RANK) and C(NNODES)), which the launch is given; null for a job of one host.
+  returned: when the probe ran
+  type: dict
 done:
   description: Whether this host is decided and summarized (a job of one host that needs nothing more).
   returned: when the probe ran

@@ -21,7 +21,7 @@ from tests.harness.procstates import state_of, wait_until
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 SUMMARY = "Summarize"
-PROBE = "Ask how the job is and whether it must be relaunched"
+PROBE = "Look at the job and decide whether to relaunch it"
 
 
 @pytest.fixture(name="site")
@@ -87,7 +87,7 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     assert first["relaunched"] is True and first["would_relaunch"] is True and first["check_mode"] is False
     assert first["found"] == "signals" and first["job"]["operation"] == "start"
     # The probe is a question: its "would start" is not counted as a change.
-    probe = run.result(PROBE)
+    probe = run.result(PROBE)["probe"]
     assert probe["operation"] == "start" and probe["changed"] is False and probe["decision"]["action"] == "relaunch"
     # Machine-readable: set_stats data (AWX), and a JSON file on the controller.
     stats = json.loads(run.stdout)["global_custom_stats"]["relaunch_summary"]
@@ -115,7 +115,7 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     assert changed == []
     # Few tasks per host (the relaunch-as-code goals): a first relaunch at most 25, a no-op at most 8.
     assert run.tasks_run("localhost") <= 25, run.stats
-    assert again.tasks_run("localhost") <= 8, again.stats
+    assert again.tasks_run("localhost") <= 5, again.stats  # the role 3 (argument check, decision, include skipped), the play 2
 
 
 def test_check_mode_changes_nothing(site):

@@ -57,7 +57,7 @@ IN_CT_LOG = IN_CT_LOG_DIR + "/train.log"
 
 SUMMARY = "Summarize"
 # The relaunch role's steps (tests/harness/playbook.py finds "ROLE : NAME" by NAME).
-PROBE = "Ask how the job is and whether it must be relaunched"
+PROBE = "Look at the job and decide whether to relaunch it"
 CLEANUP = "End what the last run left behind with the least force that works"
 BLOCKED = "Check that nothing left blocks the launch"
 REBOOT = "gpuops.relaunch.container_reset : Reboot the container through the Proxmox API"
@@ -338,7 +338,7 @@ def test_a_host_not_allowed_to_reset_stops_with_the_reason_and_sends_nothing(lab
     assert "Only a container reboot helps (container_reset_allowed is false for this host)" in blocked["msg"]
     assert RESET_BLOCK not in run.tasks and REBOOT not in run.tasks, explain(run)
     # The only train_launch that ran is the probe, which said what a start would do.
-    assert run.result(PROBE)["msg"] == "would start the job with backend supervisor" and LAUNCH not in run.tasks
+    assert run.result(PROBE)["probe"]["msg"] == "would start the job with backend supervisor" and LAUNCH not in run.tasks
     assert lab.server.requests() == []  # not even a login
     assert lab.container.init_id == first_init
     # The stale run was ended (the hung main process, the zombie leader's live thread), and what is

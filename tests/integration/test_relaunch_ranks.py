@@ -196,7 +196,7 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
 def test_ranks_split_by_the_limit_are_refused_before_anything_changes(fleet):
     run = run_playbook(PLAYBOOK, inventory=fleet["write"](), extra_vars={"relaunch_hosts": "rank-a:rank-b"})
     assert run.rc != 0
-    failed = run.tasks["Decide, for every rank of the job at once"]
+    failed = run.tasks["Look at the job and decide whether to relaunch it"]
     assert {entry["_host"] for entry in failed if entry.get("failed")} == {"rank-a", "rank-b"}
     assert "rank(s) rank-c are not in this run" in failed[0]["msg"]
     for host in RANKS:
