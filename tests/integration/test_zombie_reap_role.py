@@ -7,7 +7,7 @@ import uuid
 
 from tests.harness.pidns import pid_namespace, process_starttime
 from tests.harness.playbook import run_playbook
-from tests.harness.procstates import PYTHON, STALE_JOB, Reaper, state_of
+from tests.harness.procstates import PYTHON, SLEEPER, STALE_JOB, Reaper, state_of, wait_until
 from tests.integration.test_zombie_reap import identities, supervised, tree
 
 REAP_TASK = "gpuops.relaunch.process_cleanup : End the job and clear its zombies with the least force that works"
@@ -118,3 +118,33 @@ def test_role_inside_a_non_reaping_container_asks_for_a_reboot(tmp_path):
             assert state_of(namespace.init_pid) == "S"
         finally:
             reaper.cleanup()
+
+
+def test_only_the_host_can_help_a_frozen_task_and_fail_on_escalation_fails_after_the_facts(tmp_path):
+    """A task frozen in D: relaunch_clearance's rule says the host must act (not a reboot), the facts say so, and
+    process_cleanup_fail_on_escalation fails the role after publishing them."""
+    inventory = tmp_path / "inventory"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={PYTHON}\n", encoding="utf-8")
+    reaper = Reaper()
+    try:
+        tag = f"/tmp/gpuops-role-{uuid.uuid4().hex[:8]}/frozen/train.py"
+        pid = int(reaper.start(SLEEPER, runner=supervised(tag))["pid"])
+        group = reaper.frozen(pid)
+        wait_until(lambda: state_of(pid) == "D", what="the frozen task to be in D")
+        play = role_play(tag.replace(".", r"\.") + r"\b")
+        clean_up = play[0]["tasks"][0]
+        clean_up["vars"].update(process_cleanup_term_timeout=1, process_cleanup_kill_timeout=1,
+                                process_cleanup_d_state_timeout=2, process_cleanup_fail_on_escalation=True)
+        play[0]["tasks"][0] = {"name": "Clean up, failing on escalation", "block": [clean_up],
+                               "rescue": [{"name": "Why it failed", "ansible.builtin.debug": {"msg": "{{ ansible_failed_result.msg }}"}}]}
+        run = run_playbook(play, inventory=str(inventory))
+        done = facts(run)
+        assert done["process_cleanup_escalation"] == "host_action", done
+        failed = run.result("gpuops.relaunch.process_cleanup : Stop when only a container reboot or the host can clear what is left")
+        assert failed["failed"] is True and run.result("Why it failed")["msg"] == failed["msg"]
+        assert failed["msg"].startswith("host_action: ") and f"pid {pid}" in failed["msg"], failed["msg"]
+        assert done["process_cleanup_needs_host_action"] is True and done["process_cleanup_needs_reboot"] is False
+        assert [e["pid"] for e in done["process_cleanup_remaining"]] == [pid]
+        reaper.thaw(group)
+    finally:
+        reaper.cleanup()
