@@ -11,8 +11,13 @@ alternating so both see the same machine state:
 * members   one look of train_launch's stop path at its worst: every spawned process carries the
             run's mark and started after the run, so each one's environment is read and checked
 
-and prints medians and the ratio to ps. The spawned processes are ended by their recorded process
-group and reaped by the spawner; nothing else is touched.
+and prints medians and the ratio to ps, of the wall time and of the CPU time (user + system: our
+process's own, ps's from its rusage as a reaped child). On a shared machine the wall time measures
+the neighbours too; the CPU time is the work each side did. The target: the snapshot in at most half
+the time of ps. Every spawned process shares one command line of many lines (the spawner's code,
+``python -c``), so each holds control characters to escape: escaped once, when something reads it.
+The spawned processes are ended by their recorded process group and reaped by the spawner; nothing
+else is touched.
 
     .venv/bin/python bench/scan_vs_ps.py [--processes 10000] [--rounds 7]
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,10 +78,16 @@ def spawn(count: int) -> subprocess.Popen:
     return spawner
 
 
-def time_once(action) -> float:
-    start = time.perf_counter()
+def time_once(action) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (this process's and its reaped children's) of one `action()`."""
+    start, cpu = time.perf_counter(), _cpu()
     action()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _cpu() - cpu
+
+
+def _cpu() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def main() -> None:
@@ -100,24 +112,32 @@ def main() -> None:
     try:
         total = len(ProcessTable.scan("/proc").processes)
         timings: dict[str, list[float]] = {name: [] for name in actions}
+        cpu: dict[str, list[float]] = {name: [] for name in actions}
         for name, action in actions.items():  # warm the page cache and imports once
             action()
         for _round in range(args.rounds):
             for name, action in actions.items():
-                timings[name].append(time_once(action))
+                wall, used = time_once(action)
+                timings[name].append(wall)
+                cpu[name].append(used)
     finally:
         assert spawner.stdin is not None
         spawner.stdin.close()
         spawner.wait()
 
     baseline = statistics.median(timings["ps"])
-    print(f"processes on the machine during the run: {total} ({args.processes} spawned), {args.rounds} rounds, medians:")
+    cpu_baseline = statistics.median(cpu["ps"])
+    print(f"processes on the machine during the run: {total} ({args.processes} spawned), {args.rounds} rounds, "
+          f"load average {os.getloadavg()[0]:.1f}, medians:")
+    print(f"  {'':<9} {'wall':>8}      {'vs ps':>5}   {'CPU':>8}      {'vs ps':>5}")
     for name in actions:
-        median = statistics.median(timings[name])
-        print(f"  {name:<9} {median * 1000:8.1f} ms   {median / baseline:5.2f}x the time of ps")
+        median, cpu_median = statistics.median(timings[name]), statistics.median(cpu[name])
+        print(f"  {name:<9} {median * 1000:8.1f} ms   {median / baseline:5.2f}x   "
+              f"{cpu_median * 1000:8.1f} ms   {cpu_median / cpu_baseline:5.2f}x")
     ratio = statistics.median(timings["snapshot"]) / baseline
-    verdict = "meets" if ratio <= 1.0 else "MISSES"
-    print(f"full snapshot / ps = {ratio:.2f} ({verdict} the target of at most 1.0)")
+    cpu_ratio = statistics.median(cpu["snapshot"]) / cpu_baseline
+    verdict = "meets" if max(ratio, cpu_ratio) <= 0.5 else "MISSES"
+    print(f"full snapshot / ps = {ratio:.2f} wall, {cpu_ratio:.2f} CPU ({verdict} the target of at most 0.5)")
     members = statistics.median(timings["members"])
     print(f"stop-path membership look / scan = {members / statistics.median(timings['scan']):.2f} "
           f"(the price of reading {args.processes} environments)")

@@ -7,6 +7,11 @@ processes that can have one, and threads, wchan and open files only of the few p
 interesting (zombies with threads, D-state, the job, possible GPU holders). Processes vanish while
 we read; that is normal and never an error. Whether a process is still the one seen earlier is
 answered in one place, :class:`.signal_gate.Identity` (pid, starttime).
+
+What a process writes about itself (comm, arguments) is kept as the bytes read and escaped the
+first time anything asks for it (:attr:`Process.comm`, :attr:`Process.cmdline`): those are the
+only ways to read it, so nothing unescaped leaves this module, and a scan of ten thousand processes
+escapes only what a selection matches or a result names.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import glob
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Iterator, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
@@ -26,6 +32,8 @@ PF_KTHREAD = 0x00200000
 # The wchan of a thread asleep in the NVIDIA driver (uvm_*, nv_*, os_*): where only the host helps.
 DEFAULT_DRIVER_WCHAN = r"^(uvm_|nv_|nvidia|os_|_nv)"
 _READ_SIZE = 4096
+# Never through a link, never blocking: a fixture tree (proc_root) could hold anything.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # The NVIDIA driver's character devices: /dev/nvidiaN is 195:N for the GPU whose minor number is N,
 # /dev/nvidia0 to /dev/nvidia247 (the driver's NV_MINOR_DEVICE_NUMBER_REGULAR_MAX);
 # /dev/nvidia-modeset is 195:254 and /dev/nvidiactl 195:255, which every GPU user holds whatever its
@@ -37,19 +45,17 @@ MAX_GPU_MINOR = 247
 def read_small(path: str) -> bytes | None:
     """The content of a small /proc file, or None if it (or its process) is gone or unreadable."""
     try:
-        # Never through a link, never blocking: a fixture tree (proc_root) could hold anything.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError:
         return None
     try:
-        chunks = []
-        while True:
+        chunk = os.read(fd, _READ_SIZE)
+        if len(chunk) < _READ_SIZE:
+            return chunk  # the whole file: /proc hands out a small one in one read
+        chunks = [chunk]
+        while chunk:
             chunk = os.read(fd, _READ_SIZE)
-            if not chunk:
-                break
             chunks.append(chunk)
-            if len(chunk) < _READ_SIZE:
-                break
         return b"".join(chunks)
     except OSError:
         return None
@@ -71,10 +77,22 @@ class StatFields:
     starttime: int
 
 
+# A byte that is neither printable ASCII nor tab: text without one is shown as it is.
+_NOT_PLAIN = re.compile(b"[^\t\x20-\x7e]")
+
+
 def shown_text(raw: bytes) -> str:
     """What a process wrote about itself (comm, an argument), as text that is safe to show and to
     match: every control character escaped (see terminal.escape_controls). A process chooses these
     bytes, and every result and message that names a process carries them to a terminal."""
+    if _NOT_PLAIN.search(raw) is None:
+        return raw.decode("ascii")  # nothing escape_controls would change
+    return _escaped(raw)
+
+
+@lru_cache(maxsize=256)
+def _escaped(raw: bytes) -> str:
+    # The workers of one job share their command line: each distinct one is escaped once.
     return escape_controls(raw.decode("utf-8", "replace"))
 
 
@@ -117,24 +135,69 @@ class Thread:
         return {"tid": self.tid, "state": self.state, "wchan": self.wchan, "comm": self.comm}
 
 
-@dataclass
-class Process:
-    """One process as seen in the snapshot."""
+class Process:  # pylint: disable=too-many-instance-attributes
+    """One process as seen in the snapshot.
 
-    pid: int
-    starttime: int
-    ppid: int
-    pgid: int
-    sid: int
-    state: str
-    comm: str
-    threads: int
-    is_kernel_thread: bool
-    cmdline: str = ""
-    uid: int | None = None
-    task_list: list[Thread] = field(default_factory=list)
-    # The target of /proc/PID/exe as read (None: not read yet, "": unreadable); see ProcessTable.executable.
-    exe: str | None = None
+    `comm` and `cmdline` are always shown text (escaped, see :func:`shown_text`); a scanned process
+    holds the bytes it read and escapes them when first asked (:func:`read_process`).
+    """
+
+    __slots__ = ("pid", "starttime", "ppid", "pgid", "sid", "state", "threads", "is_kernel_thread", "uid",
+                 "task_list", "exe", "_comm", "_comm_raw", "_cmdline", "_cmdline_raw")
+
+    def __init__(self, pid: int, starttime: int, ppid: int, pgid: int, sid: int, state: str, comm: str,
+                 threads: int, is_kernel_thread: bool, cmdline: str = "", uid: int | None = None,
+                 task_list: list[Thread] | None = None, exe: str | None = None) -> None:
+        self.pid = pid
+        self.starttime = starttime
+        self.ppid = ppid
+        self.pgid = pgid
+        self.sid = sid
+        self.state = state
+        self.threads = threads
+        self.is_kernel_thread = is_kernel_thread
+        self.uid = uid
+        self.task_list: list[Thread] = [] if task_list is None else task_list
+        # The target of /proc/PID/exe as read (None: not read yet, "": unreadable); see ProcessTable.executable.
+        self.exe = exe
+        self._comm: str | None = comm
+        self._comm_raw = b""
+        self._cmdline: str | None = cmdline
+        self._cmdline_raw = b""
+
+    @classmethod
+    def as_read(cls, pid: int, fields: list[bytes], is_kernel_thread: bool, comm_raw: bytes,
+                cmdline_raw: bytes) -> "Process":
+        """A process from its stat fields after the comm (`fields`) and the raw bytes of its comm and
+        cmdline, shown (escaped) only when asked for."""
+        process = cls(pid, int(fields[19]), int(fields[1]), int(fields[2]), int(fields[3]),
+                      fields[0].decode("ascii", "replace"), "", int(fields[17]), is_kernel_thread)
+        process._comm, process._comm_raw = None, comm_raw
+        if cmdline_raw:
+            process._cmdline, process._cmdline_raw = None, cmdline_raw
+        return process
+
+    @property
+    def comm(self) -> str:
+        """Its comm (``/proc/PID/stat``), escaped."""
+        if self._comm is None:
+            self._comm, self._comm_raw = shown_text(self._comm_raw), b""
+        return self._comm
+
+    @comm.setter
+    def comm(self, text: str) -> None:
+        self._comm, self._comm_raw = text, b""
+
+    @property
+    def cmdline(self) -> str:
+        """Its arguments joined by spaces (``/proc/PID/cmdline``), escaped; "" when it has none."""
+        if self._cmdline is None:
+            self._cmdline, self._cmdline_raw = shown_cmdline(self._cmdline_raw), b""
+        return self._cmdline
+
+    @cmdline.setter
+    def cmdline(self, text: str) -> None:
+        self._cmdline, self._cmdline_raw = text, b""
 
     @property
     def is_zombie(self) -> bool:
@@ -144,6 +207,10 @@ class Process:
     def live_threads(self) -> list[Thread]:
         """Threads that have not exited (a Zl leader's main thread is Z, the others run on)."""
         return [t for t in self.task_list if t.state not in ("Z", "X")]
+
+    def __repr__(self) -> str:
+        return (f"Process(pid={self.pid}, starttime={self.starttime}, ppid={self.ppid}, state={self.state!r}, "
+                f"comm={self.comm!r}, cmdline={self.cmdline!r})")
 
 
 @dataclass(frozen=True)
@@ -336,33 +403,31 @@ class ProcfsError(Exception):
     """The /proc root cannot be read at all."""
 
 
-def read_process(proc_root: str, pid: int) -> Process | None:
-    """What `pid` is now (whatever process that is), or None if there is none."""
+def read_process(proc_root: str, pid: int, with_cmdline: bool = True) -> Process | None:
+    """What `pid` is now (whatever process that is), or None if there is none.
+
+    Without `with_cmdline` only its stat is read (its cmdline is ""): enough to tell whether it is
+    still the process an identity names.
+    """
     raw = read_small(f"{proc_root}/{pid}/stat")
     if raw is None:
         return None
-    fields = parse_stat(raw)
-    if fields is None:
+    # comm may hold spaces and ')': the fields follow the *last* ')'.
+    open_paren = raw.find(b"(")
+    close_paren = raw.rfind(b")")
+    if open_paren < 0 or close_paren < open_paren:
         return None
-    # The flag alone: inside a PID namespace, pid 2 and its children are ordinary processes.
-    is_kernel_thread = bool(fields.flags & PF_KTHREAD)
-    process = Process(
-        pid=pid,
-        starttime=fields.starttime,
-        ppid=fields.ppid,
-        pgid=fields.pgid,
-        sid=fields.sid,
-        state=fields.state,
-        comm=fields.comm,
-        threads=fields.threads,
-        is_kernel_thread=is_kernel_thread,
-    )
-    # Kernel threads and zombies have an empty cmdline: no need to read it.
-    if not is_kernel_thread and fields.state != "Z":
-        cmdline = read_small(f"{proc_root}/{pid}/cmdline")
-        if cmdline:
-            process.cmdline = shown_cmdline(cmdline)
-    return process
+    fields = raw[close_paren + 2:].split()
+    try:
+        # The flag alone: inside a PID namespace, pid 2 and its children are ordinary processes.
+        is_kernel_thread = bool(int(fields[6]) & PF_KTHREAD)
+        # Kernel threads and zombies have an empty cmdline: no need to read it.
+        cmdline = b""
+        if with_cmdline and not is_kernel_thread and fields[0] != b"Z":
+            cmdline = read_small(f"{proc_root}/{pid}/cmdline") or b""
+        return Process.as_read(pid, fields, is_kernel_thread, raw[open_paren + 1:close_paren], cmdline)
+    except (ValueError, IndexError):
+        return None
 
 
 def _readlink(path: str) -> str:
@@ -402,11 +467,17 @@ def read_environ_value(proc_root: str, pid: int, name: str) -> str | None:
     raw = read_small(f"{proc_root}/{pid}/environ")
     if not raw:
         return None
+    # The first entry that starts with NAME=: the buffer's start, or right after a NUL.
     prefix = name.encode() + b"="
-    for entry in raw.split(b"\0"):
-        if entry.startswith(prefix):
-            return entry[len(prefix):].decode("utf-8", "surrogateescape")
-    return None
+    if raw.startswith(prefix):
+        start = len(prefix)
+    else:
+        found = raw.find(b"\0" + prefix)
+        if found < 0:
+            return None
+        start = found + 1 + len(prefix)
+    end = raw.find(b"\0", start)
+    return raw[start:end if end >= 0 else len(raw)].decode("utf-8", "surrogateescape")
 
 
 def _read_threads(proc_root: str, pid: int) -> Iterator[Thread]:

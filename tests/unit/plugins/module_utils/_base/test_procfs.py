@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import procfs
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
     ProcessTable,
     ProcfsError,
     compile_patterns,
     parse_stat,
+    read_process,
+    shown_text,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     Identity,
@@ -217,3 +224,53 @@ def test_pid_2_inside_a_namespace_is_an_ordinary_process(tmp_path):
     table = ProcessTable.scan(str(tmp_path))
     assert not table.processes[2].is_kernel_thread and not table.processes[3].is_kernel_thread
     assert table.processes[2].cmdline == "python3 train.py"
+
+
+# --- what a process writes about itself is escaped when asked for, and always -------------------
+
+_UNSHOWABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")  # what escape_controls escapes
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_shown_text_is_the_escaped_decoding_of_any_bytes(raw):
+    # The plain-ASCII shortcut and the cache of escaped texts change nothing shown.
+    assert shown_text(raw) == escape_controls(raw.decode("utf-8", "replace"))
+    assert _UNSHOWABLE.search(shown_text(raw)) is None
+
+
+def test_a_scan_escapes_nothing_and_what_is_read_of_it_comes_back_escaped(tmp_path, monkeypatch):
+    escaped: list[str] = []
+    real = procfs.escape_controls
+    monkeypatch.setattr(procfs, "escape_controls", lambda text: escaped.append(text) or real(text))
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init")
+    title = "\x1b]0;pwned\x07"
+    for pid in (100, 101, 102):  # the workers of one job: one command line with control characters
+        proc.add(pid, title, cmdline=["python3", "\x1b[2Jtrain.py", f"--rank=\x9b3{pid}m"])
+    proc.add(103, "python3", cmdline=["python3", "serve.py"])
+    table = ProcessTable.scan(str(tmp_path))
+    assert escaped == []  # nothing is escaped that nothing asked for
+    assert table.matching([re.compile("\x1b")]) == []  # a pattern sees only shown text
+    assert table.matching([re.compile(r"\\x1b\[2Jtrain")]) == [100, 101, 102]
+    worker = table.processes[101]
+    assert worker.comm == "\\x1b]0;pwned\\x07"
+    assert worker.cmdline == "python3 \\x1b[2Jtrain.py --rank=\\x9b3101m"
+    assert Identity.of(worker).comm == worker.comm
+    assert table.argv(101) == ["python3", "\\x1b[2Jtrain.py", "--rank=\\x9b3101m"]
+    for process in table.processes.values():
+        shown = [process.comm, process.cmdline, repr(process), *table.argv(process.pid)]
+        assert all(_UNSHOWABLE.search(text) is None for text in shown), shown
+
+
+def test_a_process_read_again_for_its_identity_shows_only_escaped_text(tmp_path):
+    proc = FakeProc(tmp_path)
+    proc.add(7, "\x9b2J", cmdline=["\x1b[2J"], starttime=77)
+    quick = read_process(str(tmp_path), 7, with_cmdline=False)
+    full = read_process(str(tmp_path), 7)
+    assert quick is not None and full is not None
+    assert Identity(7, 77).matches(quick) and Identity(7, 77).matches(full)
+    assert (quick.comm, quick.cmdline) == ("\\x9b2J", "")  # its stat alone
+    assert (full.comm, full.cmdline) == ("\\x9b2J", "\\x1b[2J")
+    full.comm = "set by a caller"
+    assert full.comm == "set by a caller"

@@ -24,9 +24,12 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
     RecordError,
     leader_alive,
     look,
+    prove,
     stop_tree,
     wake_idle_supervisor,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import procfs
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import REFUSED
 from tests.harness.fakeproc import FakeProc
@@ -406,3 +409,27 @@ def test_a_systemd_leader_without_its_mark_is_alive_in_its_units_control_group(t
     assert (50 in look(job, str(tmp_path)).members) is alive
     # The pid with another start time (reused) is never the leader, whatever its control group.
     assert not leader_alive(dataclasses.replace(job, starttime=4999), str(tmp_path))
+
+
+def test_the_look_proves_again_only_the_processes_that_carry_the_runs_mark(tmp_path, monkeypatch) -> None:
+    """A process whose environment names this run is read again (its stat alone) to prove the
+    environment was its own; one whose environment does not is no member whoever's it was, and is
+    not read again. What the result names is escaped however late it is shown."""
+    fake = FakeProc(tmp_path)
+    fake.add(1, "init", ppid=0, starttime=1)
+    mark = run_mark(JOB_DIR, RUN_ID)
+    for pid in range(100, 120):  # bystanders: another run's mark, or none
+        fake.add(pid, "python3", starttime=6000, environ={RUN_MARK: run_mark(JOB_DIR, "run-0")} if pid % 2 else {})
+    fake.add(200, "\x1b]0;pwned\x07", starttime=6000, cmdline=["python3", "\x1b[2Jtrain.py"], environ={RUN_MARK: mark})
+    fake.add(201, "python3", starttime=4000, environ={RUN_MARK: mark})  # this run's mark, but older than the run
+    fake.add(202, "python3", starttime=6000, environ={})
+    job = JobIdentity(job_dir=JOB_DIR, run_id=RUN_ID, pid=200, starttime=6000)
+    table = ProcessTable.scan(str(tmp_path))
+    fake.add(202, "python3", starttime=6001, environ={RUN_MARK: mark})  # its pid taken by a marked process since
+    reads: list[str] = []
+    real = procfs.read_small
+    monkeypatch.setattr(procfs, "read_small", lambda path: reads.append(path) or real(path))
+    view = prove(table, job)
+    assert view.members == {200} and view.leader_running
+    assert sorted(path for path in reads if not path.endswith("/environ")) == [f"{tmp_path}/200/stat", f"{tmp_path}/202/stat"]
+    assert view.describe([200]) == [{"pid": 200, "ppid": 1, "state": "S", "comm": "\\x1b]0;pwned\\x07"}]

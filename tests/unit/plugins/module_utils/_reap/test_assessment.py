@@ -296,3 +296,14 @@ def test_the_look_scans_the_process_table_once(proc, monkeypatch):
     monkeypatch.setattr(ProcessTable, "scan", classmethod(counting))
     run(proc.root, match=["train"])
     assert scans == [str(proc.root)]
+
+
+def test_a_job_process_named_with_control_characters_is_reported_escaped(proc):
+    # The scan keeps what a process wrote about itself as bytes; the result shows it escaped.
+    proc.add(10, "\x1b]0;x\x07", cmdline=["python3", "/w/train.py", "\x1b[2J\x9b"])
+    proc.add(11, "\x07worker", ppid=10, state="Z")
+    result, _clock = run(proc.root, match=[r"/w/train\.py\b"])
+    assert [(p["pid"], p["comm"], p["cmdline"]) for p in result.job_processes] == [
+        (10, "\\x1b]0;x\\x07", "python3 /w/train.py \\x1b[2J\\x9b"), (11, "\\x07worker", "")]
+    assert [z["comm"] for z in result.zombies] == ["\\x07worker"]
+    assert not any(re.search("[\x00-\x08\x0a-\x1f\x7f-\x9f]", text) for text in result.reasons)
