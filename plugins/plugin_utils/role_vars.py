@@ -335,9 +335,13 @@ _BY_NAME: dict[str, RoleVar] = {var.name: var for var in VARIABLES}
 _BY_OPTION: dict[tuple[str, str], RoleVar] = {(var.module, var.option): var for var in VARIABLES if var.module and var.option}
 
 
+_KNOWN: frozenset[str] = frozenset(_BY_NAME) | frozenset(OTHER_NAMES)
+_KNOWN_SORTED: list[str] = sorted(_KNOWN)
+
+
 def known_names() -> frozenset[str]:
     """Every prefixed name the collection knows: its role variables and the names it sets or reads."""
-    return frozenset(_BY_NAME) | frozenset(OTHER_NAMES)
+    return _KNOWN
 
 
 def variables(module: str | None = None, role: str | None = None) -> tuple[RoleVar, ...]:
@@ -423,12 +427,11 @@ def unknown_variables(names: Iterable[str]) -> list[str]:
     name where one is close:
     "job_launch_ready_regx is not a variable of gpuops.relaunch (did you mean job_launch_ready_regex?)".
     """
-    known = known_names()
     messages = []
-    for name in sorted(set(names)):
-        if not isinstance(name, str) or not name.startswith(PREFIXES) or name in known:
+    for name in sorted({name for name in names if isinstance(name, str)}):
+        if not name.startswith(PREFIXES) or name in _KNOWN:
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        close = difflib.get_close_matches(name, _KNOWN_SORTED, n=1, cutoff=0.8)
         hint = f" (did you mean {close[0]}?)" if close else ""
         messages.append(f"{name} is not a variable of gpuops.relaunch{hint}")
     return messages
