@@ -9,6 +9,14 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
+try:
+    # ansible-core 2.19 and later: templating a value that is `omit` raises this.
+    from ansible.errors import AnsibleValueOmittedError
+    OMITTED: tuple[type[Exception], ...] = (AnsibleValueOmittedError,)
+except ImportError:
+    # Older ansible-core templates it to the play's omit token instead (compared below).
+    OMITTED = ()
+
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import (
     MODULE_PREFIX, module_args, name_the_variables, unknown_variables,
 )
@@ -37,8 +45,11 @@ class ActionModule(ActionBase):
         def lookup(name: str) -> Any:
             if name not in task_vars:
                 raise KeyError(name)
-            value = self._templar.template(task_vars[name])
             # "{{ omit }}" as a variable's value means what leaving it unset means.
+            try:
+                value = self._templar.template(task_vars[name])
+            except OMITTED as omitted:
+                raise KeyError(name) from omitted
             if omit is not None and value == omit:
                 raise KeyError(name)
             return value
@@ -51,5 +62,8 @@ class ActionModule(ActionBase):
         if answer.get("failed") and answer.get("option_problems"):
             answer["msg"] = name_the_variables(module, str(answer.get("msg") or ""), answer["option_problems"],
                                                explicit=explicit)
+            # ansible-core 2.19 and later print a failure from its captured summary of the module's own message,
+            # which names the option, not the variable; a bad option has no traceback to keep.
+            answer.pop("exception", None)
         result.update(answer)
         return result
