@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Generate what the declaration of the roles' variables (plugins/plugin_utils/role_vars.py) drives.
@@ -10,8 +9,8 @@
   (a module option's role default is applied by the action gpuops.relaunch.role_step, never written here);
 * the guide page of every role variable (docs/docsite/rst/guide_role_variables.rst, the whole page).
 
-    tools/role_vars.py           # list the files that differ from the declaration (exit 1 if any)
-    tools/role_vars.py --write   # write them
+    .venv/bin/python tools/role_vars.py           # list the files that differ from the declaration (exit 1 if any)
+    .venv/bin/python tools/role_vars.py --write   # write them
 
 tests/unit/plugins/plugin_utils/test_role_vars_generated.py runs the same comparison (drift test).
 """
