@@ -5,9 +5,9 @@ collection's roles, playbooks, actions and extensions set or read."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,8 +18,17 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils import role_vars
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import PREFIXES, UNSET, Template, known_names
 
 ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT / "tools"))
-import role_vars as generator  # noqa: E402  (tools/role_vars.py, the generator)
+
+
+def _generator():
+    """tools/role_vars.py, the generator (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("gpuops_relaunch_role_vars_tool", ROOT / "tools" / "role_vars.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generator = _generator()
 
 NAME = re.compile(r"(?<![\w.'\"\[-])((?:%s)\w+)" % "|".join(PREFIXES))
 JINJA = re.compile(r"{{(.*?)}}|{%(.*?)%}", re.S)
