@@ -234,6 +234,10 @@ options:
         O(log_path) (a symlink another user than root can change is refused).
       - A start is refused when O(state_dir)C(/NAME) is, through a link, the same directory as another
         job's there.
+      - The default is root's. A task whose user may not create, enter or read O(state_dir)C(/NAME) (a
+        non-root C(become_user), say) fails naming O(state_dir) and the role variable C(job_launch_state_dir),
+        in every state (a job whose records cannot be read is never taken for one without records); so
+        does a log directory it may not create or write (O(log_path), C(job_launch_log_path)).
     type: path
     default: /var/lib/gpuops
   backend:

@@ -17,6 +17,8 @@ doing; the plan (plan.py) and the decision (decision.py) say what to do, purely;
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -43,12 +45,13 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import (
     PREVIOUS_RUN_KEYS,
     JobRecords,
+    StateDirProblem,
     exit_fields,
     failed_start_log,
     reset_history,
     run_fields,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions, preflight_start
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions, denied, preflight_start, what_to_set
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import KILL_WAIT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
@@ -137,7 +140,11 @@ class LaunchController:
         options = self.options
         result: dict[str, Any] = {"changed": False, "name": options.name, "state": self.state,
                                   "log_path": options.log_path, "state_dir": options.job_dir}
-        self._take_lock(result)
+        self._check_records_readable(result)
+        try:
+            self._take_lock(result)
+        except StateDirProblem as exc:
+            raise self._state_dir_refused(result, exc.strerror, exc.cause) from None
         cleared = None
         if options.reset_guard:
             # Before the judgement, so that the guard, the plan and the decision see a clear history.
@@ -175,6 +182,26 @@ class LaunchController:
         if self.state == LaunchState.STOPPED.value:
             return self._stopped(result, judgement)
         return self._started(result, judgement)
+
+    def _check_records_readable(self, result: dict[str, Any]) -> None:
+        """A job directory this user may not enter is not a job without records (health would say missing)."""
+        try:
+            with safepath.walk(self.options.job_dir) as found:
+                # Reached is not readable: the walk passes directories it may only search.
+                if not os.access(".", os.R_OK | os.X_OK, dir_fd=found.fd, effective_ids=os.access in os.supports_effective_ids):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        except OSError as exc:
+            if denied(exc):
+                raise self._state_dir_refused(result, f"cannot read the job's records in {self.options.job_dir}: "
+                                              f"{exc.strerror or exc}", exc) from None
+
+    @staticmethod
+    def _state_dir_refused(result: dict[str, Any], reason: str, cause: OSError) -> LaunchError:
+        """The failure for records that cannot be kept or read in state_dir, naming what to set where this user may not."""
+        if denied(cause):
+            reason += what_to_set("state_dir")
+        result["option_problems"] = [{"option": "state_dir", "reason": reason}]
+        return LaunchError(f"state_dir: {reason}", result)
 
     def _take_lock(self, result: dict[str, Any]) -> None:
         """The job's lock, for a task that changes the job (or clears its history); no probe waits for it."""

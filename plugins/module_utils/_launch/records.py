@@ -58,6 +58,17 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
+class StateDirProblem(OSError):
+    """The job's records cannot be kept in state_dir (the option to change); `cause` is the error met."""
+
+    def __init__(self, cause: OSError, what: str) -> None:
+        super().__init__(cause.errno, f"{what}: {cause.strerror or cause}")
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return f"state_dir: {self.strerror}"
+
+
 @dataclass
 class JobStatus:
     """What the state directory and the process table say about the job now."""
@@ -108,15 +119,14 @@ class JobRecords:
             with safepath.walk(self.job_dir, create_mode=STATE_DIR_MODE, listable=True) as job_dir:
                 os.fchmod(job_dir.fd, STATE_DIR_MODE)
         except OSError as exc:
-            raise OSError(f"state_dir: cannot keep the job's records in {self.job_dir}: "
-                          f"{exc.strerror or exc}") from None
+            raise StateDirProblem(exc, f"cannot keep the job's records in {self.job_dir}") from None
 
     def lock(self, timeout: float) -> None:
         """Serialise train_launch tasks on the same job (released when the module exits)."""
         try:
             self._lock_fd = open_regular(self.path(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise OSError(f"state_dir: cannot open the lock {self.path('.lock')}: {exc.strerror or exc}") from None
+            raise StateDirProblem(exc, f"cannot open the lock {self.path('.lock')}") from None
 
         def acquired() -> bool:
             try:

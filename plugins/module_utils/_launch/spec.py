@@ -17,6 +17,7 @@ the probe lets through does not fail after the stop for a reason the probe could
 
 from __future__ import annotations
 
+import errno
 import grp
 import hashlib
 import json
@@ -46,6 +47,22 @@ MAX_KEEP_LOGS = 1000
 MAX_LOG_TAIL_LINES = 10000
 MAX_RELAUNCHES = 1000
 MAX_RELAUNCH_WINDOW = 30 * 86400.0
+# The role variable (job_launch and relaunch roles) of each path option whose directory a run may be
+# denied: a non-root run that cannot use /var/lib/gpuops or the log directory is told what to set.
+PATH_ROLE_VARIABLES = {"state_dir": "job_launch_state_dir", "log_path": "job_launch_log_path"}
+# The errors that mean this user may not use a directory (not that it is unsafe, absent or read-only).
+DENIED_ERRNOS = (errno.EACCES, errno.EPERM)
+
+
+def denied(exc: OSError) -> bool:
+    """Whether `exc` says this user may not use a path (not that it is unsafe, or missing)."""
+    return exc.errno in DENIED_ERRNOS and not isinstance(exc, safepath.UnsafePath)
+
+
+def what_to_set(option: str) -> str:
+    """The advice that ends the reason of a path option whose directory this user may not use."""
+    return (f"; set {option} (role variable {PATH_ROLE_VARIABLES[option]}) to a directory "
+            f"uid {os.geteuid()} may write")
 
 
 @dataclass(frozen=True)
@@ -266,11 +283,15 @@ def _writable_directory(option: str, directory: str, what: str) -> None:
             why_not = safepath.why_not_writable(found.fd)
             if why_not is None:
                 return
+            # A read-only file system is no matter of who runs the module: no advice on whom to be.
+            advice = "" if os.statvfs(found.fd).f_flag & os.ST_RDONLY else what_to_set(option)
             if found.missing:
-                raise BadOption(option, f"cannot create the {what} {directory!r}: {found.reached} {why_not}")
-            raise BadOption(option, f"the {what} {directory!r} {why_not}")
+                raise BadOption(option, f"cannot create the {what} {directory!r}: {found.reached} {why_not}" + advice)
+            raise BadOption(option, f"the {what} {directory!r} {why_not}" + advice)
     except OSError as exc:
-        raise BadOption(option, f"the {what} {directory!r} cannot be reached safely: {exc.strerror or exc}") from None
+        advice = what_to_set(option) if denied(exc) else ""
+        raise BadOption(option, f"the {what} {directory!r} cannot be reached safely: {exc.strerror or exc}"
+                        + advice) from None
 
 
 def _check_log_path(log_path: str) -> None:
