@@ -11,7 +11,9 @@ answered in one place, :class:`.signal_gate.Identity` (pid, starttime).
 What a process writes about itself (comm, arguments) is kept as the bytes read and escaped the
 first time anything asks for it (:attr:`Process.comm`, :attr:`Process.cmdline`): those are the
 only ways to read it, so nothing unescaped leaves this module, and a scan of ten thousand processes
-escapes only what a selection matches or a result names.
+escapes only what a selection matches or a result names. A caller that asks about a few processes
+only (the stop path, which proves members by start time, marks and descent) scans without command
+lines: each is read when asked for, and proven by the start time then.
 """
 
 from __future__ import annotations
@@ -139,11 +141,13 @@ class Process:  # pylint: disable=too-many-instance-attributes
     """One process as seen in the snapshot.
 
     `comm` and `cmdline` are always shown text (escaped, see :func:`shown_text`); a scanned process
-    holds the bytes it read and escapes them when first asked (:func:`read_process`).
+    holds the bytes it read and escapes them when first asked (:func:`read_process`). One read
+    without its cmdline reads that when first asked, and proves it by the start time (see
+    :meth:`cmdline`).
     """
 
     __slots__ = ("pid", "starttime", "ppid", "pgid", "sid", "state", "threads", "is_kernel_thread", "uid",
-                 "task_list", "exe", "_comm", "_comm_raw", "_cmdline", "_cmdline_raw")
+                 "task_list", "exe", "_comm", "_comm_raw", "_cmdline", "_cmdline_raw", "_cmdline_root")
 
     def __init__(self, pid: int, starttime: int, ppid: int, pgid: int, sid: int, state: str, comm: str,
                  threads: int, is_kernel_thread: bool, cmdline: str = "", uid: int | None = None,
@@ -164,17 +168,20 @@ class Process:  # pylint: disable=too-many-instance-attributes
         self._comm_raw = b""
         self._cmdline: str | None = cmdline
         self._cmdline_raw = b""
+        # The /proc root to read the cmdline from when first asked; None: read with the stat, or given.
+        self._cmdline_root: str | None = None
 
     @classmethod
     def as_read(cls, pid: int, fields: list[bytes], is_kernel_thread: bool, comm_raw: bytes,
-                cmdline_raw: bytes) -> "Process":
+                cmdline_raw: bytes, cmdline_root: str | None = None) -> "Process":
         """A process from its stat fields after the comm (`fields`) and the raw bytes of its comm and
-        cmdline, shown (escaped) only when asked for."""
+        cmdline, shown (escaped) only when asked for; with `cmdline_root`, its cmdline is read from
+        there when first asked (see :meth:`cmdline`)."""
         process = cls(pid, int(fields[19]), int(fields[1]), int(fields[2]), int(fields[3]),
                       fields[0].decode("ascii", "replace"), "", int(fields[17]), is_kernel_thread)
         process._comm, process._comm_raw = None, comm_raw
-        if cmdline_raw:
-            process._cmdline, process._cmdline_raw = None, cmdline_raw
+        if cmdline_raw or cmdline_root is not None:
+            process._cmdline, process._cmdline_raw, process._cmdline_root = None, cmdline_raw, cmdline_root
         return process
 
     @property
@@ -190,14 +197,22 @@ class Process:  # pylint: disable=too-many-instance-attributes
 
     @property
     def cmdline(self) -> str:
-        """Its arguments joined by spaces (``/proc/PID/cmdline``), escaped; "" when it has none."""
+        """Its arguments joined by spaces (``/proc/PID/cmdline``), escaped; "" when it has none.
+
+        Where it was not read with the stat, it is read now, once; and kept only if the pid still
+        has this process's start time after the read ("" otherwise: this process is gone, and the
+        arguments read were a later process's with its pid).
+        """
         if self._cmdline is None:
+            if self._cmdline_root is not None:
+                self._cmdline_raw = _cmdline_of(self._cmdline_root, self.pid, self.starttime)
+                self._cmdline_root = None
             self._cmdline, self._cmdline_raw = shown_cmdline(self._cmdline_raw), b""
         return self._cmdline
 
     @cmdline.setter
     def cmdline(self, text: str) -> None:
-        self._cmdline, self._cmdline_raw = text, b""
+        self._cmdline, self._cmdline_raw, self._cmdline_root = text, b"", None
 
     @property
     def is_zombie(self) -> bool:
@@ -209,8 +224,7 @@ class Process:  # pylint: disable=too-many-instance-attributes
         return [t for t in self.task_list if t.state not in ("Z", "X")]
 
     def __repr__(self) -> str:
-        return (f"Process(pid={self.pid}, starttime={self.starttime}, ppid={self.ppid}, state={self.state!r}, "
-                f"comm={self.comm!r}, cmdline={self.cmdline!r})")
+        return f"Process(pid={self.pid}, starttime={self.starttime}, ppid={self.ppid}, state={self.state!r}, comm={self.comm!r})"
 
 
 @dataclass(frozen=True)
@@ -261,8 +275,13 @@ class ProcessTable:
     # --- reading -----------------------------------------------------------------------------
 
     @classmethod
-    def scan(cls, proc_root: str = "/proc") -> "ProcessTable":
-        """Read every process's stat (and cmdline where it can have one) once."""
+    def scan(cls, proc_root: str = "/proc", cmdlines: bool = True) -> "ProcessTable":
+        """Read every process's stat (and cmdline where it can have one) once.
+
+        Without `cmdlines`, a process's cmdline is read when something first asks for it (see
+        :attr:`Process.cmdline`): for a caller that asks about a few processes, never one that
+        matches patterns against the whole table.
+        """
         processes: dict[int, Process] = {}
         try:
             names = os.listdir(proc_root)
@@ -271,7 +290,7 @@ class ProcessTable:
         for name in names:
             if not name.isdigit():
                 continue
-            process = read_process(proc_root, int(name))
+            process = read_process(proc_root, int(name), cmdlines)
             if process is not None:
                 processes[process.pid] = process
         return cls(processes, proc_root)
@@ -406,8 +425,8 @@ class ProcfsError(Exception):
 def read_process(proc_root: str, pid: int, with_cmdline: bool = True) -> Process | None:
     """What `pid` is now (whatever process that is), or None if there is none.
 
-    Without `with_cmdline` only its stat is read (its cmdline is ""): enough to tell whether it is
-    still the process an identity names.
+    Without `with_cmdline` only its stat is read, enough to tell whether it is still the process an
+    identity names; its cmdline is read when first asked for (:attr:`Process.cmdline`).
     """
     raw = read_small(f"{proc_root}/{pid}/stat")
     if raw is None:
@@ -422,12 +441,21 @@ def read_process(proc_root: str, pid: int, with_cmdline: bool = True) -> Process
         # The flag alone: inside a PID namespace, pid 2 and its children are ordinary processes.
         is_kernel_thread = bool(int(fields[6]) & PF_KTHREAD)
         # Kernel threads and zombies have an empty cmdline: no need to read it.
+        has_cmdline = not is_kernel_thread and fields[0] != b"Z"
         cmdline = b""
-        if with_cmdline and not is_kernel_thread and fields[0] != b"Z":
+        if has_cmdline and with_cmdline:
             cmdline = read_small(f"{proc_root}/{pid}/cmdline") or b""
-        return Process.as_read(pid, fields, is_kernel_thread, raw[open_paren + 1:close_paren], cmdline)
+        return Process.as_read(pid, fields, is_kernel_thread, raw[open_paren + 1:close_paren], cmdline,
+                               proc_root if has_cmdline and not with_cmdline else None)
     except (ValueError, IndexError):
         return None
+
+
+def _cmdline_of(proc_root: str, pid: int, starttime: int) -> bytes:
+    """The raw cmdline of `pid` if it is still the process that started at `starttime` after the read, else b""."""
+    raw = read_small(f"{proc_root}/{pid}/cmdline") or b""
+    now = read_process(proc_root, pid, with_cmdline=False) if raw else None
+    return raw if now is not None and now.starttime == starttime else b""
 
 
 def _readlink(path: str) -> str:

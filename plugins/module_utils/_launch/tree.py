@@ -273,7 +273,7 @@ def wake_idle_supervisor(idle: dict, job_dir: str, proc_root: str = "/proc") -> 
     Returns the gate's word (SENT, or why not); the caller starts a new supervisor unless SENT.
     """
     supervisor = recorded_identity(idle.get("supervisor_pid"), idle.get("supervisor_starttime"))
-    table = ProcessTable.scan(proc_root)
+    table = ProcessTable.scan(proc_root, cmdlines=False)
     if supervisor is None or not proven_supervisor(table, supervisor, job_dir):
         return REFUSED
     return stop_gate(table).send(Identity.of(table.processes[supervisor.pid]), signal.SIGUSR1)
@@ -424,8 +424,13 @@ def _ignored(table: ProcessTable, identity: JobIdentity, members: set[int], supe
 
 def look(identity: JobIdentity, proc_root: str = "/proc",
          supervisor_idle: Callable[[], bool] = lambda: False) -> TreeView:
-    """Scan the process table and prove the run's members (`supervisor_idle`: it said so)."""
-    return prove(ProcessTable.scan(proc_root), identity, supervisor_idle)
+    """Scan the process table and prove the run's members (`supervisor_idle`: it said so).
+
+    Membership is proven by start times, marks, control groups and descent, never by arguments: a
+    process's command line is read only when something asks for it (the gate's protected patterns,
+    of a member about to be signalled; the incident record), proven by its start time then.
+    """
+    return prove(ProcessTable.scan(proc_root, cmdlines=False), identity, supervisor_idle)
 
 
 def prove(table: ProcessTable, identity: JobIdentity,

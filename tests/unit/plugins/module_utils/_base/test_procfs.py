@@ -270,7 +270,26 @@ def test_a_process_read_again_for_its_identity_shows_only_escaped_text(tmp_path)
     full = read_process(str(tmp_path), 7)
     assert quick is not None and full is not None
     assert Identity(7, 77).matches(quick) and Identity(7, 77).matches(full)
-    assert (quick.comm, quick.cmdline) == ("\\x9b2J", "")  # its stat alone
     assert (full.comm, full.cmdline) == ("\\x9b2J", "\\x1b[2J")
+    assert (quick.comm, quick.cmdline) == ("\\x9b2J", "\\x1b[2J")  # its stat alone, its cmdline when asked
     full.comm = "set by a caller"
     assert full.comm == "set by a caller"
+
+
+def test_a_cmdline_read_when_first_asked_is_the_scanned_process_s_or_none(tmp_path, monkeypatch):
+    proc = FakeProc(tmp_path)
+    proc.add(1, "init")
+    proc.add(10, "python3", cmdline=["python3", "train.py"], starttime=500)
+    proc.add(11, "python3", cmdline=["python3", "\x1b[2Jeval.py"], starttime=600)
+    proc.add(12, "python3", cmdline=["python3", "serve.py"], starttime=700)
+    reads: list[str] = []
+    real = procfs.read_small
+    monkeypatch.setattr(procfs, "read_small", lambda path: reads.append(path) or real(path))
+    table = ProcessTable.scan(str(tmp_path), cmdlines=False)
+    assert not [path for path in reads if path.endswith("/cmdline")]
+    proc.add(10, "bash", cmdline=["bash", "-c", "a forged job"], starttime=501)  # its pid taken by another since
+    assert table.processes[10].cmdline == ""  # gone: not the later process's words
+    assert table.processes[11].cmdline == "python3 \\x1b[2Jeval.py"
+    assert table.matching([re.compile("forged")]) == []
+    assert table.matching([re.compile(r"serve\.py")]) == [12]
+    assert sum(path.endswith("/11/cmdline") for path in reads) == 1  # read once

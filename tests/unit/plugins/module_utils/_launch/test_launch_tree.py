@@ -433,3 +433,10 @@ def test_the_look_proves_again_only_the_processes_that_carry_the_runs_mark(tmp_p
     assert view.members == {200} and view.leader_running
     assert sorted(path for path in reads if not path.endswith("/environ")) == [f"{tmp_path}/200/stat", f"{tmp_path}/202/stat"]
     assert view.describe([200]) == [{"pid": 200, "ppid": 1, "state": "S", "comm": "\\x1b]0;pwned\\x07"}]
+    # A look of its own reads no command line: one is read (and proven) when something asks for it.
+    reads.clear()
+    view = look(job, str(tmp_path))
+    # (202 is a member now: the process that has its pid carries the mark and started after the run.)
+    assert view.members == {200, 202} and not [path for path in reads if path.endswith("/cmdline")]
+    assert view.table.processes[200].cmdline == "python3 \\x1b[2Jtrain.py"
+    assert [path for path in reads if path.endswith("/cmdline")] == [f"{tmp_path}/200/cmdline"]
