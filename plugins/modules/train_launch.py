@@ -400,9 +400,14 @@ attributes:
         history is written (nor cleared by O(reset_guard)). A relaunch the crash-loop guard would refuse does not fail in check mode -
         RV(relaunch_guard.would_refuse) and RV(msg) say so.
   diff_mode:
-    support: none
+    support: partial
     details:
-      - Reports no diff; the result says what was started, stopped, rotated and removed.
+      - A start or restart (in check mode too, and O(state=probe)) returns a diff of the job's spec - the
+        recorded run's launch beside this task's, only the fields that differ (C(command), C(env.KEY),
+        C(chdir), C(user), C(group), C(log_path), C(backend)), every value with its control characters
+        escaped and the value of an O(env) key that looks secret (C(TOKEN), C(PASSWORD), C(PASSWD),
+        C(SECRET), C(KEY), C(CREDENTIAL) in its name) masked, saying only whether it changed. So
+        C(--check --diff) shows what a restart is for before it happens. A stop reports no diff.
   platform:
     platforms: linux
     details:
@@ -861,6 +866,16 @@ record_problems:
   type: list
   elements: str
   sample: ["/var/lib/gpuops/llm-pretrain/run.json: pid is not a process number or start time ('abc'); ignored"]
+diff:
+  description:
+    - With C(--diff), what the start changes in the job's spec - the fields of the recorded run's launch that
+      differ from this task's, one line each, values escaped, the values of O(env) keys that look secret masked
+      (see the diff_mode attribute). C(before) is empty for a job with no recorded run.
+  returned: with --diff, when the task starts or restarts the job (in check mode and with state probe, would)
+  type: dict
+  sample: {"before": "command: python3 train.py --lr 0.1\nenv.WANDB_API_KEY: ********\n",
+           "after": "command: python3 train.py --lr 0.05\nenv.WANDB_API_KEY: ******** (changed)\n",
+           "before_header": "recorded run 3f2a9c0e5b8d4e1f9a7c6b5d4e3f2a1b", "after_header": "restart with this task's spec"}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -946,7 +961,7 @@ def main() -> None:
     except OptionsInvalid as exc:
         module.fail_json(changed=False, **exc.as_result())
     try:
-        result = LaunchController(options, module.check_mode, gpu_evidence=gpu_evidence).apply()
+        result = LaunchController(options, module.check_mode, gpu_evidence=gpu_evidence, diff=module._diff).apply()
     except LaunchError as exc:
         module.fail_json(**dict(exc.result, msg=str(exc)))
     except OSError as exc:

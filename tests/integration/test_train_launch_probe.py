@@ -8,6 +8,7 @@ starts, rotates or removes anything. reset_guard is the documented way past the 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.harness.launch_targets import Target, in_pid_namespace
-from tests.harness.playbook import REPO
+from tests.harness.playbook import REPO, run_playbook
 from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
@@ -109,6 +110,18 @@ def test_a_running_job_is_left_alone_and_its_progress_noted(ns: Target) -> None:
     started = once(ns, command=command)  # and state=started agrees there is nothing to do
     assert started["changed"] is False and started["pid"] == first["pid"]
     assert started["decision"]["action"] == "none"
+    # --check --diff of a start with another spec: what the restart is for, before it happens (escaped,
+    # the secret masked); the job keeps running.
+    task = ns.launch_task(task_name="t", progress_regex=PROGRESS, resume_args=RESUME, min_uptime=0.2,
+                          command=[*command, "--lines", "4"], env={"HF_TOKEN": "hf-secret", "RUN_NOTE": "a\x1b[2Jb"})
+    diffed = run_playbook([{"hosts": "all", "gather_facts": False, "tasks": [task]}], inventory=ns.inventory,
+                          check=True, extra_args=["--diff"]).result("t")
+    assert diffed["changed"] is True and diffed["operation"] == "restart" and diffed["pid"] == first["pid"]
+    assert diffed["diff"]["before"] == f"command: {shlex.join(command)}\n"
+    assert diffed["diff"]["after"] == (f"command: {shlex.join([*command, '--lines', '4'])}\n"
+                                       "env.HF_TOKEN: ********\nenv.RUN_NOTE: a\\x1b[2Jb\n")
+    assert diffed["diff"]["before_header"] == f"recorded run {first['run_id']}"
+    assert "hf-secret" not in json.dumps(diffed["diff"]) and ns.processes().get(first["pid"]) is not None
 
 
 def test_a_crashed_job_is_relaunched_resumed_and_the_guard_reset(ns: Target) -> None:

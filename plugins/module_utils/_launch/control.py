@@ -33,6 +33,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision i
     would_resume,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import LAUNCH_FILE
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import JobJudge, Judgement
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import EXIT_SETTLE_WAIT, live_path, refresh_once
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import rotation_plan, tail
@@ -99,6 +100,8 @@ class LaunchController:
     # GPU memory per holder for the incident record (the module passes the _gpu family's query;
     # this family imports only _base, _metrics' textfile writer and itself). Given the run's live member pids.
     gpu_evidence: Callable[[list[int]], dict] | None = None
+    # --diff: a start (also in check mode, and the probe) returns what it changes in the recorded spec.
+    diff: bool = False
 
     def __post_init__(self) -> None:
         self.records = JobRecords(self.options.job_dir, self.proc_root)
@@ -325,12 +328,27 @@ class LaunchController:
             result["log_tail"] = tail(result.get("log_path"), options.log_tail_lines)
             raise LaunchError(plan.refusal, result)
         self._preflight(result)
+        if self.diff:
+            result["diff"] = self._spec_diff(judgement, plan)
         if rendered:
             return self._render(result, plan, judgement)
         result["changed"] = True
         executor = self._task_executor(judgement)
         self._execute(result, executor, executor.start, plan, judgement)
         return _with_done(result, executor)
+
+    def _spec_diff(self, judgement: Judgement, plan: Plan) -> dict[str, str]:
+        """--diff: the recorded run's launch beside the one this start writes, the fields that differ."""
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec_diff import (  # pylint: disable=import-outside-toplevel
+            spec_diff, spec_fields)
+        run = judgement.status.run
+        recorded = self.records.read(LAUNCH_FILE) if run else None
+        if recorded is not None and recorded.get("run_id") != run.get("run_id"):
+            recorded = None
+        before_header = f"recorded run {run.get('run_id')}" if recorded is not None else "no recorded run"
+        return spec_diff(spec_fields(recorded, judgement.status.backend),
+                         spec_fields(self.options.launch_fields(plan.resume), plan.backend),
+                         before_header, f"{plan.operation.value} with this task's spec")
 
     def _render(self, result: dict[str, Any], plan: Plan, judgement: Judgement) -> dict[str, Any]:
         """The plan as check mode says it (and state=probe, which changes nothing: changed stays false)."""

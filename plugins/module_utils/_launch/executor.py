@@ -202,21 +202,7 @@ class Executor:
         done = self.done
         backend = make_backend(plan.backend, self.records, options.name, self.python)
         run_id = new_run_id()
-        launch = {
-            "run_id": run_id,
-            # resume_args after a failure; the spec hash stays the job's own (see JobSpec.argv_with).
-            "argv": spec.argv_with(options.resume_args if plan.resume else ()),
-            "resumed": plan.resume,
-            "env": spec.job_environment(),
-            "chdir": spec.chdir,
-            "user": spec.user,
-            "group": spec.group,
-            "spec_hash": spec.spec_hash,
-            "log_path": options.log_path,
-            # Not part of the spec: a new stall rule or metrics_dir takes effect at the next start
-            # and never restarts a job by itself.
-            **options.stored_health(),
-        }
+        launch = {"run_id": run_id, **options.launch_fields(plan.resume)}
         self.create_log(spec.user, spec.group)
         done.update(backend=plan.backend, spec_hash=spec.spec_hash, run_id=run_id)
         # Until proven, this run's log is a failed start's: the next start sets it aside instead

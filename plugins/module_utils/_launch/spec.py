@@ -157,6 +157,26 @@ class LaunchOptions:
     metrics_dir: str | None = None
     metrics_host: str | None = None
 
+    def launch_fields(self, resume: bool) -> dict[str, Any]:
+        """What a start writes to launch.json besides its run id (`resume`: with resume_args appended)."""
+        spec = self.spec
+        if spec is None:
+            raise ValueError("no command: nothing to launch")
+        return {
+            # resume_args after a failure; the spec hash stays the job's own (see JobSpec.argv_with).
+            "argv": spec.argv_with(self.resume_args if resume else ()),
+            "resumed": resume,
+            "env": spec.job_environment(),
+            "chdir": spec.chdir,
+            "user": spec.user,
+            "group": spec.group,
+            "spec_hash": spec.spec_hash,
+            "log_path": self.log_path,
+            # Not part of the spec: a new stall rule or metrics_dir takes effect at the next start
+            # and never restarts a job by itself.
+            **self.stored_health(),
+        }
+
     def stored_health(self) -> dict[str, Any]:
         """What a start stores in launch.json for the node and for later tasks: the stall rule (a bare
         state=health judges stalls by it) and, with metrics_dir, where the live file goes."""
