@@ -15,13 +15,11 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
     RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory, check_strategy, decide, rank_of,
 )
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import (
-    module_args, name_the_variables, unknown_variables,
-)
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, unknown_variables
 
 ARGUMENT_SPEC = {
     "force": {"type": "bool", "default": False},
-    "reset_guard": {"type": "bool", "default": False},
     "ranks": {"type": "raw"},
     "job_name": {"type": "str", "required": True},
     "alerted_job": {"type": "str"},
@@ -57,6 +55,9 @@ class ActionModule(ActionBase):
         options = self._probe_options(args, rank, task_vars)
         probe = self._execute_module(module_name="gpuops.relaunch.train_launch", module_args=options,
                                      task_vars=task_vars)
+        # The module's echo of its arguments is the task's own (the job's command and environment): noise
+        # in every result shown at -v, and not what the probe found.
+        probe.pop("invocation", None)
         if probe.get("failed") or probe.get("unreachable"):
             msg = name_the_variables("train_launch", str(probe.get("msg") or "the probe failed"),
                                      probe.get("option_problems") or [])
@@ -66,6 +67,9 @@ class ActionModule(ActionBase):
         rank_facts = rank.as_dict() if rank is not None else None
         # A rank decides with its job's other ranks in the next step; a job of one host is decided now.
         done = rank is None and not decision["relaunch"]
+        if probe.get("diff"):
+            # --diff: what a restart would change in the job's spec (command, env, log path, backend ...).
+            result["diff"] = probe["diff"]
         # A rank's launch is given the environment its probe compared (the job's, with the rank's variables).
         launch_env = options["env"] if rank is not None else None
         result.update(changed=False, probe=probe, decision=decision, rank=rank_facts, done=done, msg=decision["why"],
@@ -101,19 +105,11 @@ class ActionModule(ActionBase):
 
     def _probe_options(self, args: Mapping[str, Any], rank: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
         """train_launch's options for state=probe from the role variables (the spec the launch would start)."""
-        omit = task_vars.get("omit")
-
-        def lookup(name: str) -> Any:
-            value = self._templar.template(task_vars[name])
-            if omit is not None and value == omit:
-                raise KeyError(name)
-            return value
-        options = module_args("train_launch", lookup)
+        options = options_from_variables("train_launch", self._templar.template, task_vars)
         if rank is not None:
             # A rank of a multi-rank job gets MASTER_ADDR, MASTER_PORT, NODE_RANK and NNODES: part of the spec.
             options["env"] = dict(options.get("env") or {}, **rank.env())
-        options.update(state="probe", force=args["force"], reset_guard=args["reset_guard"],
-                       metrics_host=task_vars["inventory_hostname"])
+        options.update(state="probe", force=args["force"])
         return options
 
     def _fail(self, result: dict[str, Any], host: str, probe: dict[str, Any] | None, msg: str,

@@ -9,16 +9,9 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-try:
-    # ansible-core 2.19 and later: templating a value that is `omit` raises this.
-    from ansible.errors import AnsibleValueOmittedError
-    OMITTED: tuple[type[Exception], ...] = (AnsibleValueOmittedError,)
-except ImportError:
-    # Older ansible-core templates it to the play's omit token instead (compared below).
-    OMITTED = ()
-
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import (
-    MODULE_PREFIX, module_args, name_the_variables, unknown_variables,
+    MODULE_PREFIX, name_the_variables, unknown_variables,
 )
 
 ARGUMENT_SPEC = {
@@ -40,23 +33,9 @@ class ActionModule(ActionBase):
         if unknown:
             result.update(failed=True, changed=False, msg="; ".join(unknown), unknown_variables=unknown)
             return result
-        omit = task_vars.get("omit")
-
-        def lookup(name: str) -> Any:
-            if name not in task_vars:
-                raise KeyError(name)
-            # "{{ omit }}" as a variable's value means what leaving it unset means.
-            try:
-                value = self._templar.template(task_vars[name])
-            except OMITTED as omitted:
-                raise KeyError(name) from omitted
-            if omit is not None and value == omit:
-                raise KeyError(name)
-            return value
-
         module = args["module"]
         explicit = args["options"]
-        module_options = {**module_args(module, lookup), **explicit}
+        module_options = {**options_from_variables(module, self._templar.template, task_vars), **explicit}
         answer = self._execute_module(module_name=f"gpuops.relaunch.{module}", module_args=module_options,
                                       task_vars=task_vars)
         if answer.get("failed") and answer.get("option_problems"):

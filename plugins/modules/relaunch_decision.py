@@ -47,10 +47,6 @@ options:
     description: Whether the relaunch is forced on this host (C(relaunch_force)).
     type: bool
     default: false
-  reset_guard:
-    description: Clear the crash-loop guard's count first (C(job_launch_reset_guard)); passed to the probe.
-    type: bool
-    default: false
   ranks:
     description:
       - The inventory hostnames of the job's ranks in rank order (C(job_launch_ranks)); unset for a job of one host.
@@ -58,8 +54,9 @@ options:
     type: raw
   rank_looks:
     description:
-      - Every rank's registered result of this action, in rank order (null for a rank that has none): the second run,
-        for a rank of a multi-rank job, which decides for the whole job and runs nothing on the target.
+      - >-
+        Every rank's registered result of this action, in rank order (null for a rank that has none). Given, this is
+        the second run, for a rank of a multi-rank job: it decides for the whole job and runs nothing on the target.
     type: list
     elements: raw
   job_name:
@@ -101,7 +98,8 @@ attributes:
     description: The probe changes nothing; in check mode the summary says what a real run would do.
     support: full
   diff_mode:
-    support: none
+    description: With C(--diff), returns the probe's diff of the job's spec (what a restart would change).
+    support: full
   platform:
     platforms: posix
 seealso:

@@ -197,3 +197,18 @@ def test_a_misspelt_variable_is_refused_naming_the_close_one(site: Site) -> None
         assert "did you mean process_cleanup_term_timeout?" in refused["msg"], refused["msg"]
         assert ("did you mean job_launch_ready_regex?" in refused["msg"]) is (host == "job-a"), refused["msg"]
         assert not Path(site.state_dirs[host]).exists()
+
+
+def test_ranks_under_the_free_strategy_are_refused(site: Site) -> None:
+    """Under strategy: free a rank would read its peers' barrier marks before they set them: refused at the
+    decision, naming the strategy; the host without ranks relaunches all the same."""
+    site.vars["job-a"]["job_launch_ranks"] = ["job-a"]
+    play = [{"name": "Ours", "hosts": "all", "gather_facts": False, "strategy": "free", "tasks": [
+        {"name": "Relaunch", "ansible.builtin.include_role": {"name": "gpuops.relaunch.relaunch"}}]}]
+    run = run_playbook(play, inventory=site.inventory())
+    assert run.rc != 0
+    refused = run.result(DECIDE, "job-a")
+    assert refused.get("failed") is True and "needs the linear strategy" in refused["msg"], refused
+    assert "'free'" in refused["msg"]
+    assert not Path(site.state_dirs["job-a"]).exists()
+    assert summaries(run)["job-b"]["relaunched"] is True and site.pids()["job-b"]

@@ -397,7 +397,7 @@ def test_a_crashed_jobs_escapes_stay_escaped_in_the_incident_and_relaunch_messag
     refused = run.result(REFUSED)["msg"]
     assert "crash \\x1b]52;c;cGF3bmVk\\x07" in refused and "boot \\x1b]0;owned\\x07" in refused
     assert not raw_controls(refused), refused
-    assert_escaped(run.result(SUMMARY))
+    assert_escaped(run.result("Look at the job and decide whether to relaunch it"))  # the refusal's summary
 
     # A relaunch (no guard) writes the incident record before anything else: its quotes are escaped too.
     relaunched = target.play([dict(crash, **{"gpuops.relaunch.train_launch": dict(
