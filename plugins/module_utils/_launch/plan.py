@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import would_resume  # noqa: F401  pylint: disable=unused-import
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import RelaunchGuard
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobStatus
