@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, Health, worst
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import Action
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Action, Escalation, Health, worst
 
 NONE, RELAUNCH, REFUSED = Action.NONE.value, Action.RELAUNCH.value, Action.REFUSED.value
 

@@ -141,6 +141,15 @@ class Judged:
         return self.judgement.reasons
 
 
+class Action(Enum):
+    """What the relaunch does with the job (train_launch's decision; the controller's plugins read it
+    from here without importing the launch's judgement)."""
+
+    NONE = "none"            # left alone
+    RELAUNCH = "relaunch"    # stopped (if it runs) and started again
+    REFUSED = "refused"      # a relaunch is wanted, but the crash-loop guard refuses it
+
+
 class Health(Enum):
     """How a training job is doing, as train_launch judges it from its records, its processes and its log.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import RelaunchGuard
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Action, Health
 
 
 class LaunchState(Enum):
@@ -40,14 +40,6 @@ PLANNING_STATES = START_STATES + (LaunchState.PROBE.value,)
 # The states that return a decision.
 DECIDING_STATES = (LaunchState.STARTED.value, LaunchState.RESTARTED.value, LaunchState.HEALTH.value,
                    LaunchState.PROBE.value)
-
-
-class Action(Enum):
-    """What the relaunch does with the job."""
-
-    NONE = "none"            # left alone
-    RELAUNCH = "relaunch"    # stopped (if it runs) and started again
-    REFUSED = "refused"      # a relaunch is wanted, but the crash-loop guard refuses it
 
 
 ACTION_WORDS = tuple(action.value for action in Action)
