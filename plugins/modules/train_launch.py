@@ -112,6 +112,15 @@ description:
     that runs with another spec, log path or backend; V(none) for one that V(finished) or runs with this
     spec, unless O(force); V(refused) for a relaunch the crash-loop guard refuses. O(force) changes
     nothing but the decision.
+  - O(state=absent) is for a job that is done with - it stops the job first if anything of it runs,
+    exactly as O(state=stopped) does (the same proofs and the same signals, through the same gate), then
+    ends the job's idle supervisor if one waits (SIGTERM to it alone, proven as this job's by its mark and
+    start time; where PID 1 never reaps, it stays a zombie until the container restarts), then removes the
+    job's records (O(state_dir)C(/NAME), walked from C(/); a symlink there is removed, never followed) and
+    the live file they name (O(metrics_dir)). Logs are kept. Nothing is removed while anything of the job
+    still runs - a stop that fails keeps the records, so a later task can still prove and stop what is left.
+    It writes no incident record (it would be removed with the records). A second O(state=absent) changes
+    nothing; in check mode it says what it would stop, end and remove (RV(removed)), and does none of it.
   - O(state=health) only asks - it returns the verdict, the crash-loop guard's view and the log tail,
     and changes nothing of the job. Outside check mode it notes, as every task does, when it first
     saw the last progress line (C(progress.json) with the job's records), so that a later verdict is
@@ -158,9 +167,10 @@ options:
       - V(started) makes sure the job runs with this spec (and, with O(stall_after), progresses);
         V(restarted) always restarts it; V(stopped) ends it; V(health) only returns RV(health) and
         changes nothing; V(probe) returns what V(started) would do (the plan, as check mode renders it)
-        and RV(decision), and changes nothing (see the description).
+        and RV(decision), and changes nothing (see the description); V(absent) stops it as V(stopped)
+        does, if anything of it runs, and removes what is left of it (see the description).
     type: str
-    choices: [started, restarted, stopped, health, probe]
+    choices: [started, restarted, stopped, health, probe, absent]
     default: started
   command:
     description:
@@ -866,6 +876,17 @@ record_problems:
   type: list
   elements: str
   sample: ["/var/lib/gpuops/llm-pretrain/run.json: pid is not a process number or start time ('abc'); ignored"]
+removed:
+  description: What O(state=absent) removed (in check mode, would remove) - the job's records directory and its live file.
+  returned: with state absent
+  type: list
+  elements: str
+  sample: ["/var/lib/gpuops/llm-pretrain"]
+idle_supervisor:
+  description: The idle supervisor that O(state=absent) ended (its pid, the signal, and whether the gate sent it).
+  returned: when state absent found one
+  type: dict
+  sample: {"pid": 4100, "signal": "SIGTERM", "sent": true}
 diff:
   description:
     - With C(--diff), what the start changes in the job's spec - the fields of the recorded run's launch that
@@ -880,8 +901,8 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import LaunchController, LaunchError
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES, STATE_WORDS
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import MODULE_STATES, LaunchController, LaunchError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
 
@@ -925,7 +946,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "name": {"type": "str", "required": True},
-            "state": {"type": "str", "default": "started", "choices": list(STATE_WORDS)},
+            "state": {"type": "str", "default": "started", "choices": list(MODULE_STATES)},
             "command": {"type": "raw"},
             "shell": {"type": "bool", "default": False},
             "chdir": {"type": "path"},

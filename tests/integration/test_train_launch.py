@@ -237,6 +237,50 @@ def test_check_mode_stop_of_running_job(local: Target) -> None:
     assert local.play([stop]).result("stop")["changed"] is True
 
 
+@pytest.fixture(name="ns")
+def ns_fixture(tmp_path):
+    with in_pid_namespace(tmp_path) as where:
+        yield where
+
+
+def test_absent_stops_the_job_ends_its_idle_supervisor_and_removes_its_records(ns: Target, tmp_path: Path) -> None:
+    """Where PID 1 never reaps, a stopped job's supervisor waits idle: absent ends it too, then removes the records."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    started = ns.play([ns.launch_task(metrics_dir=str(metrics), metrics_host="ct")]).result("launch")
+    live_file = metrics / "gpuops_job_job.prom"
+    assert started["running"] is True and live_file.is_file()
+    job_dir = Path(ns.state_dir) / "job"
+    absent = {"name": "absent", "gpuops.relaunch.train_launch": {
+        "name": "job", "state": "absent", "state_dir": ns.state_dir, "term_timeout": 5}}
+    # Check mode says what it would stop and remove, and does none of it.
+    would = ns.play([absent], check=True).result("absent")
+    assert would["changed"] is True and would["removed"] == [str(job_dir), str(live_file)]
+    assert would["msg"] == f"would stop the job (pid {started['pid']}), remove {job_dir}, {live_file}"
+    assert started["pid"] in ns.processes() and job_dir.is_dir() and live_file.is_file()
+    # For real: stopped as state=stopped stops it, the supervisor (idle once the job is gone) ended, all removed.
+    gone = ns.play([absent]).result("absent")
+    assert gone["changed"] is True and gone["removed"] == [str(job_dir), str(live_file)], gone
+    assert gone["stop"]["escalated"] is False and gone["exit_code"] == 0
+    assert gone["idle_supervisor"] == {"pid": started["supervisor_pid"], "signal": "SIGTERM", "sent": True}
+    table = ns.processes()
+    assert not [proc for proc in table.values() if ns.mine(proc) and not proc.zombie]
+    # The ended supervisor stays a zombie of the never-reaping PID 1, and nothing else of the job.
+    assert [proc.pid for proc in table.values() if proc.zombie] == [started["supervisor_pid"]]
+    assert not job_dir.exists() and not live_file.exists() and Path(ns.log()).is_file()  # the log is kept
+    again = ns.play([absent]).result("absent")
+    assert again["changed"] is False and again["removed"] == [] and again["msg"] == "absent: no records of this job"
+    # A link at the job's name is removed, never followed out of state_dir.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "run.json").write_text("{}")
+    (Path(ns.state_dir) / "linked").symlink_to(elsewhere)
+    linked = ns.play([{"name": "absent", "gpuops.relaunch.train_launch": {
+        "name": "linked", "state": "absent", "state_dir": ns.state_dir}}]).result("absent")
+    assert linked["changed"] is True and linked["removed"] == [f"{ns.state_dir}/linked"], linked
+    assert not (Path(ns.state_dir) / "linked").is_symlink() and (elsewhere / "run.json").read_text() == "{}"
+
+
 def test_remove_paths_before_start(local: Target) -> None:
     cache = local.work / "torchinductor_root"
     (cache / "sub").mkdir(parents=True)

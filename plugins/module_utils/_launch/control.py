@@ -24,9 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import resolve_backend
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import SupervisorBackend, resolve_backend
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import (
     START_STATES,
+    STATE_WORDS,
     Decision,
     LaunchState,
     decide,
@@ -35,7 +36,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision i
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import LAUNCH_FILE
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import JobJudge, Judgement
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import EXIT_SETTLE_WAIT, live_path, refresh_once
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import EXIT_SETTLE_WAIT, live_path, refresh_once, remove_live_file
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import rotation_plan, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import (
     Operation,
@@ -53,8 +54,10 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records im
     run_fields,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions, denied, preflight_start, what_to_set
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import KILL_WAIT
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import KILL_WAIT, end_idle_supervisor, supervisor_alive
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import SENT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
@@ -65,8 +68,14 @@ if TYPE_CHECKING:
 # systemd) is imported by the first task that changes the job. Every module run compiles what it imports
 # afresh (AnsiballZ imports from a zip), and a probe or health check of a healthy job changes nothing.
 
+# state=absent: the job stopped as state=stopped stops it, its idle supervisor ended, its records (and
+# the live file they name) removed. Only this module acts on it: no plugin plans or decides on it.
+ABSENT = "absent"
+MODULE_STATES = STATE_WORDS + (ABSENT,)
 # The states that change the job, and so work under the job's lock.
-CHANGING_STATES = START_STATES + (LaunchState.STOPPED.value,)
+CHANGING_STATES = START_STATES + (LaunchState.STOPPED.value, ABSENT)
+# How long an idle supervisor may take to end after its SIGTERM (it has no child to wait for).
+IDLE_END_WAIT = 10.0
 
 
 class LaunchError(Exception):
@@ -174,7 +183,8 @@ class LaunchController:
             return self._health_only(result, judgement)
         result["incident"] = None
         health = judgement.health
-        if not self.check_mode and not self.probing and health.state.failed and health.has_run:
+        # state=absent removes the records an incident record would go to: it writes none.
+        if not self.check_mode and not self.probing and self.state != ABSENT and health.state.failed and health.has_run:
             # Before anything is signalled: a hang is gone once the job is killed. A missing run (its
             # main process gone without an exit record) has evidence only while some of its tree is
             # left to stop; with nothing left, its health and log say it all.
@@ -184,6 +194,8 @@ class LaunchController:
             result["incident"] = executor.done.get("incident")
         if self.state == LaunchState.STOPPED.value:
             return self._stopped(result, judgement)
+        if self.state == ABSENT:
+            return self._absent(result, judgement)
         return self._started(result, judgement)
 
     def _check_records_readable(self, result: dict[str, Any]) -> None:
@@ -210,7 +222,10 @@ class LaunchController:
         """The job's lock, for a task that changes the job (or clears its history); no probe waits for it."""
         if self.check_mode:
             return
-        if self.state in CHANGING_STATES:
+        if self.state == ABSENT:
+            if not self.records.is_real_dir():
+                return  # no records to remove; none are created for it
+        elif self.state in CHANGING_STATES:
             if self.state in START_STATES and not self.records.is_real_dir():
                 # No record of any run, so only a start can follow: one that cannot work creates nothing.
                 self._preflight(result)
@@ -280,6 +295,62 @@ class LaunchController:
         result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
         result["msg"] = "stopped" + (" (SIGKILL was needed)" if outcome.escalated else "")
         return result
+
+    # --- absent ----------------------------------------------------------------------------
+
+    def _absent(self, result: dict[str, Any], judgement: Judgement) -> dict[str, Any]:
+        """state=absent: stop what runs (as state=stopped), end the idle supervisor, remove the records.
+
+        The records go last, after everything that could fail: a job that could not be stopped keeps
+        them, so a later task can still prove and stop it.
+        """
+        job_dir = self.options.job_dir
+        result["running"] = False
+        result["removed"] = []
+        live_file = result.get("live_metrics")
+        there = [path for path in (job_dir, live_file) if path is not None and safepath.lexists(path)]
+        idle = None if judgement.active else self._idle_supervisor()
+        result["operation"] = Operation.STOP.value if judgement.active else Operation.NONE.value
+        if not there:
+            result["msg"] = "absent: no records of this job"
+            return result
+        result["changed"] = True
+        if self.check_mode:
+            result["running"] = judgement.active
+            result["removed"] = there
+            doing = [f"stop the job (pid {judgement.status.run.get('pid')})"] if judgement.active else []
+            if idle is not None:
+                doing.append(f"end its idle supervisor (pid {idle.get('supervisor_pid')})")
+            result["msg"] = "would " + ", ".join(doing + ["remove " + ", ".join(there)])
+            return result
+        if judgement.active:
+            executor = self._task_executor(judgement)
+            self._execute(result, executor, executor.stop, judgement.status.run, judgement.recorded)
+            _with_done(result, executor)
+            idle = self._idle_supervisor()  # where nothing reaps it, the supervisor now waits idle
+        if idle is not None:
+            self._end_idle_supervisor(result, idle)
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.executor import remove_path  # pylint: disable=import-outside-toplevel
+        if live_file is not None and remove_live_file(live_file):
+            result["removed"].append(live_file)
+        if remove_path(job_dir):
+            result["removed"].insert(0, job_dir)
+        result["msg"] = "removed " + ", ".join(result["removed"]) if result["removed"] else "absent"
+        return result
+
+    def _idle_supervisor(self) -> dict | None:
+        """idle.json, where it names this job's supervisor, alive and waiting for the next run."""
+        return SupervisorBackend(self.records, self.python).idle_supervisor()
+
+    def _end_idle_supervisor(self, result: dict[str, Any], idle: dict) -> None:
+        """SIGTERM to the proven idle supervisor, and wait until it has ended; the records stay if it does not."""
+        pid, starttime = idle.get("supervisor_pid"), idle.get("supervisor_starttime")
+        answer = end_idle_supervisor(idle, self.options.job_dir, self.proc_root)
+        result["idle_supervisor"] = {"pid": pid, "signal": "SIGTERM", "sent": answer == SENT}
+        if not Deadline(IDLE_END_WAIT).poll(lambda: not supervisor_alive(pid, starttime, self.options.job_dir,
+                                                                         self.proc_root)):
+            raise LaunchError(f"the job's idle supervisor (pid {pid}) did not end after SIGTERM ({answer}); "
+                              f"its records in {self.options.job_dir} are kept", result)
 
     # --- started / restarted / probe -------------------------------------------------------
 

@@ -279,6 +279,19 @@ def wake_idle_supervisor(idle: dict, job_dir: str, proc_root: str = "/proc") -> 
     return stop_gate(table).send(Identity.of(table.processes[supervisor.pid]), signal.SIGUSR1)
 
 
+def end_idle_supervisor(idle: dict, job_dir: str, proc_root: str = "/proc") -> str:
+    """SIGTERM to the idle supervisor that idle.json names, if it is proven to be this job's (state=absent).
+
+    An idle supervisor has no child: it waits for the next run and ends on SIGTERM. Returns the gate's
+    word (SENT, or why not).
+    """
+    supervisor = recorded_identity(idle.get("supervisor_pid"), idle.get("supervisor_starttime"))
+    table = ProcessTable.scan(proc_root)
+    if supervisor is None or not proven_supervisor(table, supervisor, job_dir):
+        return REFUSED
+    return stop_gate(table).send(Identity.of(table.processes[supervisor.pid]), signal.SIGTERM)
+
+
 def supervisor_alive(pid: int | None, starttime: int | None, job_dir: str, proc_root: str = "/proc") -> bool:
     """Whether (pid, starttime) is this job's supervisor, alive, right now."""
     supervisor = recorded_identity(pid, starttime)
