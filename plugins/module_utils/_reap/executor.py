@@ -59,7 +59,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment i
     assess_table,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs, own_job_dir
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict, worst
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Judged, Verdict, worst
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     DENIED,
     REFUSED,
@@ -91,7 +91,7 @@ class Action:
 
 
 @dataclass
-class Outcome:
+class Outcome(Judged):
     """What the ladder did and what it could not clear."""
 
     actions: list[Action] = field(default_factory=list)
@@ -106,14 +106,6 @@ class Outcome:
     @property
     def changed(self) -> bool:
         return self.signals_sent > 0 and bool(self.ended)
-
-    @property
-    def escalation(self) -> Escalation:
-        return self.judgement.escalation
-
-    @property
-    def reasons(self) -> list[str]:
-        return self.judgement.reasons
 
     def merge(self, later: "Outcome") -> None:
         self.actions.extend(later.actions)
