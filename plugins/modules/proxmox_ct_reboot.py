@@ -368,21 +368,7 @@ def main() -> None:
 
     params = module.params
     connection = ProxmoxConnection.from_params(params)
-    request = CtRebootRequest(
-        vmid=params["vmid"],
-        node=params["node"],
-        expected_hostname=params["expected_hostname"],
-        method=params["method"],
-        timeout=params["timeout"],
-        wait_timeout=params["wait_timeout"],
-        force=params["force"],
-        lock_timeout=params["lock_timeout"],
-        skiplock=params["skiplock"],
-        skip_hostname_check=params["skip_hostname_check"],
-        node_slots=params["node_slots"],
-        slot_dir=params["slot_dir"],
-        slot_timeout=params["slot_timeout"],
-    )
+    request = CtRebootRequest.from_params(params)
     checks = OptionChecks()
     connection.check_options(checks)
     request.check_options(checks, connection.user, connection.uses_token)

@@ -12,8 +12,8 @@ really restarted (a new init pid, or an uptime that began after we asked).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks
@@ -74,6 +74,11 @@ class CtRebootRequest:
     node_slots: int = 1
     slot_dir: str = DEFAULT_SLOT_DIR
     slot_timeout: float = 3600
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> CtRebootRequest:
+        """From a module's parameters: each field is the option of the same name."""
+        return cls(**{request_field.name: params[request_field.name] for request_field in fields(cls)})
 
     def check_options(self, checks: OptionChecks, api_user: str, uses_token: bool) -> None:
         """Note in `checks` what is wrong with the request, each problem naming its option."""

@@ -83,6 +83,14 @@ def test_a_nan_wait_timeout_is_named_once_not_compared_with_timeout():
     assert problems == ["wait_timeout: must be a finite number of seconds, got nan"]
 
 
+def test_a_request_takes_each_field_from_the_option_of_its_name_and_nothing_else():
+    params = {"vmid": 201, "node": "pve2", "expected_hostname": "gpu-train-02", "method": "stop_start", "timeout": 30,
+              "wait_timeout": 120.0, "force": True, "lock_timeout": 5.0, "skiplock": True, "skip_hostname_check": True,
+              "node_slots": 2, "slot_dir": "/run/slots", "slot_timeout": 60.0, "api_host": "pve.example", "api_user": "root@pam"}
+    request = CtRebootRequest.from_params(params)
+    assert request == CtRebootRequest(**{name: value for name, value in params.items() if not name.startswith("api_")})
+
+
 def test_a_good_request_has_no_problems():
     good = CtRebootRequest(200, expected_hostname="gpu-train-01", method="stop_start", skiplock=True)
     assert request_problems(good, "root@pam", False) == []
