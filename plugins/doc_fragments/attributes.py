@@ -28,6 +28,26 @@ attributes:
     support: N/A
 """
 
+    # For a step of the relaunch role that an action plugin does on the controller alone; used with
+    # DOCUMENTATION and PLATFORM. A module that does more (a file, a module on the target) says so by
+    # setting the attribute's description or details itself, which take precedence.
+    CONTROLLER_STEP = r"""
+options: {}
+attributes:
+  action:
+    description: Runs on the controller as an action plugin; nothing runs on the target.
+    support: full
+  platform:
+    platforms: all
+    details:
+      - The controller only; it needs no connection to the target.
+seealso:
+  - module: gpuops.relaunch.train_launch
+notes:
+  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
+    C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
+"""
+
     # For a module that never changes anything; used with DOCUMENTATION.
     INFO_MODULE = r"""
 options: {}

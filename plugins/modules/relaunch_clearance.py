@@ -27,6 +27,7 @@ extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
   - gpuops.relaunch.attributes.platform
+  - gpuops.relaunch.attributes.controller_step
 options:
   cleanup:
     description: The registered result of M(gpuops.relaunch.zombie_reap).
@@ -44,19 +45,6 @@ options:
     description: Whether the container was rebooted already in this run.
     type: bool
     default: false
-attributes:
-  action:
-    description: Runs on the controller as an action plugin; nothing runs on the target.
-    support: full
-  platform:
-    platforms: all
-    details:
-      - The controller only; it needs no connection to the target.
-seealso:
-  - module: gpuops.relaunch.train_launch
-notes:
-  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
-    C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
 """
 
 EXAMPLES = r"""

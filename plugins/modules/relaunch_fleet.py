@@ -25,6 +25,7 @@ extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
   - gpuops.relaunch.attributes.platform
+  - gpuops.relaunch.attributes.controller_step
 options:
   summary_var:
     description: The fact holding each host's summary.
@@ -40,19 +41,6 @@ options:
       - In check mode, DIR/check/fleet.json instead.
     type: str
     default: ""
-attributes:
-  action:
-    description: Runs on the controller as an action plugin; nothing runs on the target.
-    support: full
-  platform:
-    platforms: all
-    details:
-      - The controller only; it needs no connection to the target.
-seealso:
-  - module: gpuops.relaunch.train_launch
-notes:
-  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
-    C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
 """
 
 EXAMPLES = r"""

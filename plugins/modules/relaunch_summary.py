@@ -29,6 +29,7 @@ extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
   - gpuops.relaunch.attributes.platform
+  - gpuops.relaunch.attributes.controller_step
 options:
   results:
     description:
@@ -83,15 +84,10 @@ attributes:
         when O(metrics_dir) is set.
     support: full
   platform:
-    platforms: all
     details:
       - The controller; the target too (POSIX) when O(metrics_dir) is set.
 seealso:
-  - module: gpuops.relaunch.train_launch
   - module: gpuops.relaunch.relaunch_metrics
-notes:
-  - A step of the C(gpuops.relaunch.relaunch) role; the decisions are plain functions in
-    C(plugins/plugin_utils/relaunch_flow.py), unit-tested.
 """
 
 EXAMPLES = r"""
