@@ -7,8 +7,8 @@ from __future__ import annotations
 class ModuleDocFragment:
     """The attributes every module of the collection documents (as community.general's fragment does).
 
-    A module extends C(gpuops.relaunch.attributes) (check_mode, diff_mode) and
-    C(gpuops.relaunch.attributes.platform), and sets each attribute's C(support) and C(details) itself.
+    A module extends C(gpuops.relaunch.attributes) (check_mode, diff_mode, platform), and sets each
+    attribute's C(support) and C(details) (and the platform's C(platforms)) itself.
     """
 
     DOCUMENTATION = r"""
@@ -18,18 +18,16 @@ attributes:
     description: Can run in check mode (C(--check)) and return a prediction of C(changed) without changing the target.
   diff_mode:
     description: Returns details on what has changed (or would change in check mode) when run in diff mode (C(--diff)).
-"""
-
-    PLATFORM = r"""
-options: {}
-attributes:
   platform:
     description: The systems the module can run on (the host it runs on, which is not always the target).
     support: N/A
 """
 
+    # The platform attribute is part of DOCUMENTATION; a module that lists attributes.platform as well gets the same.
+    PLATFORM = DOCUMENTATION
+
     # For a step of the relaunch role that an action plugin does on the controller alone; used with
-    # DOCUMENTATION and PLATFORM. A module that does more (a file, a module on the target) says so by
+    # DOCUMENTATION. A module that does more (a file, a module on the target) says so by
     # setting the attribute's description or details itself, which take precedence.
     CONTROLLER_STEP = r"""
 options: {}

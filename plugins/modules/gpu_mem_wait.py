@@ -36,7 +36,6 @@ requirements:
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
-  - gpuops.relaunch.attributes.platform
   - gpuops.relaunch.gpu_backend
 options:
   devices:

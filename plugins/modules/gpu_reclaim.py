@@ -67,7 +67,6 @@ requirements:
     interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)).
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.platform
   - gpuops.relaunch.gpu_backend
 options:
   devices:

@@ -30,7 +30,6 @@ author:
 extends_documentation_fragment:
   - gpuops.relaunch.proxmox
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.platform
 options:
   vmid:
     description:

@@ -41,7 +41,6 @@ author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.platform
 options:
   force:
     description: Whether the relaunch is forced on this host (C(relaunch_force)).

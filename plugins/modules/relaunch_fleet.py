@@ -24,7 +24,6 @@ author:
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
-  - gpuops.relaunch.attributes.platform
   - gpuops.relaunch.attributes.controller_step
 options:
   summary_var:

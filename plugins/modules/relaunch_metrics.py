@@ -33,7 +33,6 @@ author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.platform
 options:
   dir:
     description:

@@ -36,7 +36,6 @@ author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.platform
 options:
   module:
     description: The module to run.

@@ -38,7 +38,6 @@ author:
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
-  - gpuops.relaunch.attributes.platform
   - gpuops.relaunch.job_selection
 options:
   orphan_grace:

@@ -71,7 +71,6 @@ author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.platform
   - gpuops.relaunch.job_selection
 options:
   term_signal:
