@@ -139,6 +139,10 @@ class GpuDevice:
     def used_percent(self) -> float:
         return 100.0 * self.used_bytes / self.total_bytes if self.total_bytes else 0.0
 
+    def process_entries(self) -> list[dict[str, Any]]:
+        """The processes as the modules return them (pid and MiB used)."""
+        return [{"pid": process.pid, "used_mib": process.used_mib} for process in self.processes]
+
 
 class GpuSource(Protocol):
     """Where GPU facts come from: a query answers for the given indices (None: all GPUs)."""

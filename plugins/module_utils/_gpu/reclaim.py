@@ -515,8 +515,8 @@ class ReclaimResult:
             entries.append({
                 "index": device.index, "uuid": device.uuid, "name": device.name, "total_mib": device.total_mib,
                 "used_mib_before": device.used_mib, "used_mib_after": last.used_mib,
-                "processes_before": [{"pid": p.pid, "used_mib": p.used_mib} for p in device.processes],
-                "processes_after": [{"pid": p.pid, "used_mib": p.used_mib} for p in last.processes],
+                "processes_before": device.process_entries(),
+                "processes_after": last.process_entries(),
             })
         return entries
 

@@ -240,7 +240,7 @@ class WaitOutcome(Judged):
                 "reserved_mib": None if device.reserved_bytes is None else round(device.reserved_bytes / MIB, 1),
                 "used_mib_before": first.used_mib,
                 "used_mib_after": device.used_mib,
-                "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in device.processes],
+                "processes": device.process_entries(),
             })
         return entries
 

@@ -17,6 +17,8 @@ import pytest
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import query as nvml_query
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     MIB,
+    GpuDevice,
+    GpuProcess,
     GpuQueryError,
     MAX_OUTPUT_BYTES,
     NvidiaSmiSession,
@@ -54,6 +56,12 @@ def real_bindings(monkeypatch):
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "simnvml" not in p])
     return importlib.import_module("pynvml")
+
+
+def test_process_entries_are_pid_and_mib_used_with_unknown_usage_kept_as_none():
+    device = GpuDevice(0, "GPU-0", "H100", 80 * 1024 * MIB, 3 * 1024 * MIB,
+                       processes=(GpuProcess(4121, 2048 * MIB + MIB // 2), GpuProcess(4122, None)))
+    assert device.process_entries() == [{"pid": 4121, "used_mib": 2048.5}, {"pid": 4122, "used_mib": None}]
 
 
 def test_parse_nvidia_smi_real_format():
