@@ -319,23 +319,11 @@ left:
   description:
     - What is left after the ladder, as M(gpuops.relaunch.zombie_facts) judges one fresh snapshot
       taken after it; the same as RV(found) when nothing was executed (check mode, nothing to signal).
+    - The fields of RV(found) (C(escalation), C(reasons), C(findings)), for what is left.
   returned: unless the options or the selection are refused
   type: dict
   sample: {escalation: none, reasons: ["nothing of the job and nothing blocking a relaunch"],
            findings: [{kind: nothing, escalation: none, pids: [], why: "nothing of the job and nothing blocking a relaunch"}]}
-  contains:
-    escalation:
-      description: What it takes to clear what is left.
-      type: str
-      choices: [none, signals, container_reboot, host_action]
-    reasons:
-      description: The C(why) of each finding.
-      type: list
-      elements: str
-    findings:
-      description: The findings, as in RV(found.findings).
-      type: list
-      elements: dict
 reasons:
   description:
     - Why RV(escalation) is what it is, and what is left, each naming pids; the C(why) of each of RV(findings).
