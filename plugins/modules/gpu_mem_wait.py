@@ -30,9 +30,6 @@ description:
     its option (in RV(option_problems) too).
 author:
   - gpuops.relaunch maintainers (@gpuops)
-requirements:
-  - On the target, the NVIDIA driver and either the Python bindings C(pynvml) (package C(nvidia-ml-py)) for the
-    interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)).
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
@@ -86,13 +83,6 @@ options:
       - At least 0.01 (a shorter pause only burns a core) and at most 3600.
     type: float
     default: 0.5
-  query_timeout:
-    description:
-      - How long one GPU query (the first one includes initialising NVML) may take, in seconds,
-        before it counts as hung and the task fails.
-      - More than 0 and at most 86400 (a day); NaN and infinity are refused.
-    type: float
-    default: 30
   gpus_required:
     description:
       - Whether a host without a usable NVIDIA GPU (no bindings nor C(nvidia-smi), no NVML library,
@@ -299,8 +289,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
-    BACKENDS,
     GpuQueryError,
+    gpu_backend_spec,
     open_gpu_source,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
@@ -320,11 +310,9 @@ def main() -> None:
             "min_host_available_gib": {"type": "float"},
             "timeout": {"type": "float", "default": 300},
             "poll_interval": {"type": "float", "default": 0.5},
-            "query_timeout": {"type": "float", "default": 30},
             "gpus_required": {"type": "bool", "default": True},
-            "backend": {"type": "str", "default": "auto", "choices": list(BACKENDS)},
-            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "proc_root": {"type": "path", "default": "/proc"},
+            **gpu_backend_spec(),
         },
         supports_check_mode=True,
     )

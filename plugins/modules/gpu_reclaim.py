@@ -62,9 +62,6 @@ description:
   - A second run once the GPUs are released finds nothing to end and returns C(changed=false).
 author:
   - gpuops.relaunch maintainers (@gpuops)
-requirements:
-  - On the target, the NVIDIA driver and either the Python bindings C(pynvml) (package C(nvidia-ml-py)) for the
-    interpreter that runs the module, or the C(nvidia-smi) program (see O(backend)).
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.gpu_backend
@@ -133,12 +130,6 @@ options:
         and only the listing counts on that GPU.
       - A finite number, 0 or more. When not given, 256 MiB (gpu_mem_wait's baseline).
     type: float
-  query_timeout:
-    description:
-      - How long one GPU query may take, in seconds, before it counts as hung and the task fails.
-      - More than 0 and at most 86400 (a day); NaN and infinity are refused.
-    type: float
-    default: 30
   driver_pids:
     description:
       - Whose pids the driver lists. V(host) (NVIDIA's driver) lists pids of the host's PID
@@ -375,7 +366,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import BACKENDS, GpuQueryError, open_gpu_source
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, gpu_backend_spec, open_gpu_source
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
     DEFAULT_GPU_DEVICE_GLOB,
     DRIVER_PIDS,
@@ -397,12 +388,10 @@ def main() -> None:
             "release_timeout": {"type": "float", "default": 60},
             "poll_interval": {"type": "float", "default": 0.5},
             "max_used_mib": {"type": "float"},
-            "query_timeout": {"type": "float", "default": 30},
             "driver_pids": {"type": "str", "default": "host", "choices": list(DRIVER_PIDS)},
             "gpu_device_glob": {"type": "str", "default": DEFAULT_GPU_DEVICE_GLOB},
             "gpus_required": {"type": "bool", "default": True},
-            "backend": {"type": "str", "default": "auto", "choices": list(BACKENDS)},
-            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            **gpu_backend_spec(),
         },
         supports_check_mode=True,
     )

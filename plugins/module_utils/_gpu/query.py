@@ -638,8 +638,17 @@ def add_minor_numbers(source: GpuSource, devices: list[GpuDevice]) -> list[GpuDe
     return devices
 
 
-# The words of the modules' `backend` option (their argument specs take their choices from here).
+# The words of the modules' `backend` option.
 BACKENDS = ("auto", "pynvml", "nvidia-smi")
+
+
+def gpu_backend_spec() -> dict[str, dict[str, Any]]:
+    """The options of open_gpu_source, as every GPU module takes them (doc fragment gpuops.relaunch.gpu_backend)."""
+    return {
+        "backend": {"type": "str", "default": "auto", "choices": list(BACKENDS)},
+        "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+        "query_timeout": {"type": "float", "default": 30},
+    }
 
 
 def open_gpu_source(backend: str, nvidia_smi: str, query_timeout: float) -> GpuSource:
