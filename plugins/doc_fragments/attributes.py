@@ -23,8 +23,11 @@ attributes:
     support: N/A
 """
 
-    # The platform attribute is part of DOCUMENTATION; a module that lists attributes.platform as well gets the same.
-    PLATFORM = DOCUMENTATION
+    # Adds nothing: the platform attribute is part of DOCUMENTATION. train_launch still lists this fragment;
+    # it goes when no module does.
+    PLATFORM = r"""
+options: {}
+"""
 
     # For a step of the relaunch role that an action plugin does on the controller alone; used with
     # DOCUMENTATION. A module that does more (a file, a module on the target) says so by
