@@ -117,6 +117,15 @@ def test_relaunch_clears_a_dead_run_and_proves_the_new_one(site):
     assert run.tasks_run("localhost") <= 25, run.stats
     assert again.tasks_run("localhost") <= 5, again.stats  # the role 3 (argument check, decision, include skipped), the play 2
 
+    # --check --diff with a changed command: the decision shows what a restart would change, and nothing changes.
+    changed_spec = [*site["vars"]["job_launch_command"], "--stall-chatter", "9"]
+    diffed = run_playbook(PLAYBOOK, inventory=site["inventory"], check=True, extra_args=["--diff"],
+                          extra_vars={"job_launch_command": changed_spec})
+    decided = diffed.result(PROBE)
+    assert decided["decision"]["action"] == "relaunch" and "command" in decided["diff"]["after"], decided
+    assert "--stall-chatter" in decided["diff"]["after"] and "--stall-chatter" not in decided["diff"]["before"], decided["diff"]
+    assert int(summary(diffed)["job"]["pid"]) == int(job["pid"]) and state_of(int(job["pid"])) in ("S", "R")
+
 
 def test_check_mode_changes_nothing(site):
     stale = stale_run(site)
