@@ -60,7 +60,7 @@ options:
   summary:
     description:
       - >-
-        The host's relaunch summary (M(gpuops.relaunch.relaunch_summary)'s RV(gpuops.relaunch.relaunch_summary#module:summary)),
+        The host's relaunch summary (M(gpuops.relaunch.relaunch_summary)'s RV(gpuops.relaunch.relaunch_summary#module:ansible_facts.relaunch_summary)),
         C(health) (C(state), C(since_progress), C(last_progress_at), C(last_step): what the probe saw before the run
         acted, C(gpuops_relaunch_probe_health)), C(after) (C(state), C(recent_relaunches): the job after the action,
         for C(gpuops_job_health) and C(gpuops_job_recent_relaunches); without it, the probe's), C(live_metrics) (the
