@@ -23,12 +23,6 @@ attributes:
     support: N/A
 """
 
-    # Adds nothing: the platform attribute is part of DOCUMENTATION. train_launch still lists this fragment;
-    # it goes when no module does.
-    PLATFORM = r"""
-options: {}
-"""
-
     # For a step of the relaunch role that an action plugin does on the controller alone; used with
     # DOCUMENTATION. A module that does more (a file, a module on the target) says so by
     # setting the attribute's description or details itself, which take precedence.

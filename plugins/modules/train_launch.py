@@ -397,7 +397,6 @@ notes:
     O(term_timeout) + O(startup_timeout) + 90 seconds.
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
-  - gpuops.relaunch.attributes.platform
 attributes:
   check_mode:
     support: full
