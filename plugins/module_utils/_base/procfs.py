@@ -384,10 +384,19 @@ class ProcessTable:
         compiled = list(patterns)
         if not compiled:
             return []
-        return sorted(
-            p.pid for p in self.processes.values()
-            if p.cmdline and any(rx.search(p.cmdline) for rx in compiled)
-        )
+        # One verdict per command line: the workers of a job share theirs.
+        verdicts: dict[str, bool] = {}
+        found = []
+        for process in self.processes.values():
+            cmdline = process.cmdline
+            if not cmdline:
+                continue
+            verdict = verdicts.get(cmdline)
+            if verdict is None:
+                verdict = verdicts[cmdline] = any(rx.search(cmdline) for rx in compiled)
+            if verdict:
+                found.append(process.pid)
+        return sorted(found)
 
     def device_holders(self, device_glob: str, candidates: Iterable[int] | None = None) -> list[DeviceHolder]:
         """Processes/threads holding open a character device at a path matching `device_glob`, with
@@ -436,7 +445,8 @@ def read_process(proc_root: str, pid: int, with_cmdline: bool = True) -> Process
     close_paren = raw.rfind(b")")
     if open_paren < 0 or close_paren < open_paren:
         return None
-    fields = raw[close_paren + 2:].split()
+    # Up to the start time (the 20th field after the comm): the 30-odd after it are never used.
+    fields = raw[close_paren + 2:].split(None, 20)
     try:
         # The flag alone: inside a PID namespace, pid 2 and its children are ordinary processes.
         is_kernel_thread = bool(int(fields[6]) & PF_KTHREAD)
