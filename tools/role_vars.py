@@ -290,7 +290,7 @@ def generated(root: Path = ROOT) -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--write", action="store_true", help="write the files that differ")
     args = parser.parse_args(argv)
     files = generated()

@@ -21,7 +21,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import STOP_FILE, HealthReport, iso
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import Judgement
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path, refresh_once, remove_live_file
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import create_log, failed_log_name, rotate, set_aside, tail
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import create_log, rotate, set_aside, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import Plan
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import (
     PREVIOUS_RUN_KEYS,
