@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COLLECTION = "gpuops.relaunch"
 # Each role's entry points in the order of its argument_specs.yml.
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
-    "job_launch": ("main", "stop", "health"),
+    "job_launch": ("main", "stop", "health", "absent"),
     "process_cleanup": ("main",),
     "gpu_drain": ("main",),
     "container_reset": ("main",),

@@ -279,6 +279,7 @@ OTHER_NAMES: dict[str, str] = {
     # the job_launch role
     "job_launch_result": "registered by job_launch (main)",
     "job_launch_stop_result": "registered by job_launch (stop)",
+    "job_launch_absent_result": "registered by job_launch (absent)",
     "job_launch_health_result": "registered by job_launch (health)",
     # the process_cleanup role
     "process_cleanup_result": "registered by process_cleanup",

@@ -374,7 +374,10 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
         probes += [{"name": f"stop probe {title}", "ansible.builtin.include_role": stop_in_check_mode,
                     "vars": probe_vars},
                    {"name": f"show probe {title}", "ansible.builtin.debug": {"var": "job_launch_stop_result"}}]
-    run = local.play([start, show, *probes, stop, show_stop])
+    absent = {"name": "absent via role", "ansible.builtin.include_role": {
+        "name": "gpuops.relaunch.job_launch", "tasks_from": "absent"}, "vars": role_vars}
+    show_absent = {"name": "show absent", "ansible.builtin.debug": {"var": "job_launch_absent_result"}}
+    run = local.play([start, show, *probes, stop, show_stop, absent, show_absent])
     assert run.rc == 0, run.stdout[-3000:]
     launched = run.result("show")["job_launch_result"]
     local.remember(launched)
@@ -387,6 +390,10 @@ def test_job_launch_role_starts_and_stops(local: Target) -> None:
     stopped = run.result("show stop")["job_launch_stop_result"]
     assert stopped["changed"] is True and stopped["running"] is False
     assert launched["pid"] not in local.processes()
+    # Done with it: the records go (the stopped job's idle supervisor with them), the log stays.
+    removed = run.result("show absent")["job_launch_absent_result"]
+    assert removed["changed"] is True and str(Path(local.state_dir) / "role-job") in removed["removed"], removed
+    assert not (Path(local.state_dir) / "role-job").exists() and (local.work / "logs" / "train.log").is_file()
 
 
 @pytest.mark.parametrize("entry, missing", [
