@@ -24,12 +24,17 @@ recap's ok + skipped) and the first relaunch's phases from the hosts' summaries.
 run relaunched every host and every no-op run relaunched none. Needs root (unshare, nsenter), as
 the Molecule scenarios do.
 
+Last, the cost of 1,000 and 10,000 hosts, modelled (bench/scale_cost.py) from this run's medians: one
+watchdog cycle's CPU and wall, the cores and forks it needs within 10 minutes, and the event path's
+(one 1-host run per failed host, at an assumed --failure-rate; the node's live health at
+--node-core-per-job, measured by bench/live_health_cpu.py). It prints the inputs with the outputs.
+
 Clean-up, also after a failure or Ctrl-C: the jobs are stopped through the train_launch module
 (state=stopped), then each namespace is ended by SIGKILL to its recorded init pid, only while that
 pid still has the recorded start time (the kernel ends everything inside); nothing else is
 signalled.
 
-    .venv/bin/python bench/fleet_relaunch.py [--containers 16] [--repeat 3] [--quick]
+    .venv/bin/python bench/fleet_relaunch.py [--containers 16] [--repeat 3] [--quick] [--failure-rate 0.01]
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ sys.path.insert(0, str(REPO / ".build" / "collections"))
 sys.path.insert(0, str(REPO))
 
 # pylint: disable=wrong-import-position
+from bench.scale_cost import PERIOD_S, Inputs, model  # noqa: E402
 from tests.harness.pidns import PidNamespace, nsenter_vars, start_pid_namespace  # noqa: E402
 
 PLAYBOOK = REPO / "playbooks" / "relaunch.yml"
@@ -268,6 +274,40 @@ def report(sizes: tuple[int, int], walls: dict, cpus: dict, tasks: dict, repeat:
           " the jobs themselves are not counted).")
 
 
+def report_scale(sizes: tuple[int, int], walls: dict, cpus: dict, failure_rate: float, node_core_per_job: float) -> None:
+    """The cost of 1,000 and 10,000 hosts, modelled (bench/scale_cost.py) from this run's medians."""
+    one, many = sizes
+    inputs = Inputs(
+        noop_cpu_per_host=(median(cpus["no-op", many]) - median(cpus["no-op", one])) / (many - 1),
+        first_cpu_per_host=(median(cpus["first", many]) - median(cpus["first", one])) / (many - 1),
+        noop_cpu_one=median(cpus["no-op", one]),
+        first_cpu_one=median(cpus["first", one]),
+        noop_wall_one=median(walls["no-op", one]),
+        noop_wall_per_host=(median(walls["no-op", many]) - median(walls["no-op", one])) / (many - 1),
+        failure_rate=failure_rate,
+        node_core_per_job=node_core_per_job,
+    )
+    print(f"\nthe cost of 1,000 and 10,000 hosts (modelled from this run's figures, a period of {PERIOD_S / 60:g} minutes):")
+    print(f"  measured here ({many} vs 1, medians): CPU s per extra healthy host (no-op) {inputs.noop_cpu_per_host:.2f}, "
+          f"per extra relaunched host (first) {inputs.first_cpu_per_host:.2f}; a 1-host run {inputs.noop_cpu_one:.2f} "
+          f"CPU s (no-op) and {inputs.first_cpu_one:.2f} (first: one alert's run); wall {inputs.noop_wall_one:.2f} s "
+          f"for 1 host, {inputs.noop_wall_per_host:.3f} s per extra host at forks={FORKS} on {os.cpu_count()} CPUs.")
+    print(f"  assumed: {failure_rate:.1%} of the hosts fail per period (pessimistic); the node's live health "
+          f"{node_core_per_job:.3%} of a core per job (measured by bench/live_health_cpu.py, not in this run); "
+          "Prometheus' own cost, the scrape of every node's exporter, is not measured here.")
+    print("  The CPU counts the targets' module runs too (here they run on the controller's machine; on a fleet "
+          "they run on the nodes). Cores across execution nodes help only with the inventory split between "
+          "them (AWX job slicing): one ansible-playbook's main process is one process.")
+    for hosts in (1_000, 10_000):
+        out = model(inputs, hosts)
+        print(f"  {hosts:6,d} hosts, polling: one watchdog cycle (all healthy) {out.poll_cpu_s:,.0f} CPU s, "
+              f"{out.poll_wall_s:,.0f} s wall here; within {PERIOD_S:.0f} s it needs {out.poll_cores:.1f} cores "
+              f"and at least {out.poll_forks} forks; with {out.failures:,.0f} failed hosts {out.poll_failed_cpu_s:,.0f} CPU s.")
+        print(f"  {hosts:6,d} hosts, event path: {out.failures:,.0f} one-host runs per period, {out.event_cpu_s:,.0f} "
+              f"CPU s, {out.event_cores:.2f} cores; the nodes' live health {out.node_cores:.2f} cores over the "
+              "fleet (one job per host); plus Prometheus' scrape (not measured).")
+
+
 def interrupted(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
@@ -278,10 +318,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported (default 3)")
     parser.add_argument("--quick", action="store_true", help="one round (same as --repeat 1)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, inventories)")
+    parser.add_argument("--failure-rate", type=float, default=0.01,
+                        help="the model's assumption: the fraction of hosts that fail per 10 minutes (default 0.01)")
+    parser.add_argument("--node-core-per-job", type=float, default=0.00033,
+                        help="the model's input: the node's live health as a fraction of one core per job "
+                             "(default 0.00033, measured by bench/live_health_cpu.py, docs guide_performance)")
     args = parser.parse_args()
     repeat = 1 if args.quick else args.repeat
     if args.containers < 2 or repeat < 1:
         parser.error("--containers must be at least 2 and --repeat at least 1")
+    if not 0 <= args.failure_rate <= 1 or not 0 <= args.node_core_per_job <= 1:
+        parser.error("--failure-rate and --node-core-per-job must be fractions between 0 and 1")
     sizes = (1, args.containers)
 
     # A SIGTERM ends the benchmark like Ctrl-C: through the clean-up below.
@@ -328,6 +375,7 @@ def main() -> None:
             print(f"clean-up: {problem}", file=sys.stderr)
     report(sizes, walls, cpus, tasks, repeat)
     report_phases(sizes, phases)
+    report_scale(sizes, walls, cpus, args.failure_rate, args.node_core_per_job)
     print(f"\nbenchmark took {time.monotonic() - began:.0f} s in all; everything it started has been ended.")
 
 
