@@ -141,18 +141,31 @@ class ActionModule(ActionBase):
         """The whole job's decision from every rank's own look (rank_looks: each rank's registered result
         of this action, in rank order; a rank whose look failed or is missing does not count)."""
         looks = [look if isinstance(look, Mapping) else {} for look in args["rank_looks"]]
-        own = next((look for look in looks if isinstance(look.get("rank"), Mapping)
-                    and look["rank"].get("ranks", [None])[look["rank"].get("index", 0)] == host), None)
+        own = next((look for look in looks if _rank_host(look) == host), None)
         if own is None:
             return {"failed": True, "msg": f"{host}: rank_looks holds no look of this host's rank"}
         ranks = [str(name) for name in own["rank"]["ranks"]]
-        rank = rank_of(host, ranks, {"job_launch_master_addr": own["rank"]["master_addr"],
-                                     "job_launch_master_port": own["rank"]["master_port"]})
+        try:
+            rank = rank_of(host, ranks, {"job_launch_master_addr": own["rank"].get("master_addr"),
+                                         "job_launch_master_port": own["rank"].get("master_port")})
+        except RelaunchInputError as exc:
+            return {"failed": True, "msg": str(exc)}
         probes = {name: look.get("probe") for name, look in zip(ranks, looks) if not look.get("failed")}
         decision = decide(own.get("probe") or {}, rank, probes, alerted_job=args["alerted_job"],
                           job_name=args["job_name"], alerted_host=args["alerted_host"], host=host)
         return {"changed": False, "decision": decision, "rank": rank.as_dict(), "msg": decision["why"],
                 "ansible_facts": {"relaunch_decision": decision}}
+
+
+def _rank_host(look: Mapping[str, Any]) -> str | None:
+    """The host whose look this is, by the rank it names (None: not a rank's look)."""
+    rank = look.get("rank")
+    if not isinstance(rank, Mapping):
+        return None
+    ranks, index = rank.get("ranks"), rank.get("index")
+    if not isinstance(ranks, list) or not isinstance(index, int) or not 0 <= index < len(ranks):
+        return None
+    return str(ranks[index])
 
 
 def _forced(value: Any) -> bool:
