@@ -60,12 +60,11 @@ sys.path.insert(0, str(REPO))
 # pylint: disable=wrong-import-position
 from bench.scale_cost import PERIOD_S, Inputs, model  # noqa: E402
 from tests.harness.pidns import PidNamespace, nsenter_vars, start_pid_namespace  # noqa: E402
+from tests.harness.playbook import SUMMARY_TASKS  # noqa: E402  (the tasks that summarize a host)
 
 PLAYBOOK = REPO / "playbooks" / "relaunch.yml"
 BIN = Path(sys.executable).parent
 PYTHON = "/usr/bin/python3"  # the targets' interpreter, inside the namespaces
-# The tasks that summarize a host: the decision, for a host that needs nothing more, else Summarize.
-SUMMARY_TASKS = ("Look at the job and decide whether to relaunch it", "Summarize")
 FORKS = 16
 PHASES = ("stop", "cleanup", "drain", "container_reset", "launch")
 

@@ -53,10 +53,12 @@ def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: st
         problem = _write_metrics(metrics_dir, job_name, host, summary, run_module, result)
         if problem:
             return dict(result, failed=True, msg=f"metrics_dir: {problem}")
-    display.display(line, stderr=True)
     failure_text = failure_message(summary, job_name)
     if fail_host and failure_text:
+        # The callback prints the failure; the line would say it a second time.
         result.update(failed=True, msg=failure_text)
+    else:
+        display.display(line, stderr=True)
     return result
 
 

@@ -165,9 +165,8 @@ def check_force(force: bool, forced: Callable[[str], bool], play_hosts: Sequence
     if not force or hosts_named or not play_hosts:
         return
     if all(forced(host) for host in play_hosts):
-        play_hosts = len(play_hosts)
         raise RelaunchInputError(
-            f"relaunch_force is true on every host of the play ({play_hosts}), and neither relaunch_hosts nor --limit "
+            f"relaunch_force is true on every host of the play ({len(play_hosts)}), and neither relaunch_hosts nor --limit "
             f"says which hosts to force: nothing was changed. Name the hosts with -e relaunch_hosts=HOSTS or --limit "
             f"HOSTS (relaunch_hosts=all to force the whole inventory), or set relaunch_force per host in the inventory.")
 
