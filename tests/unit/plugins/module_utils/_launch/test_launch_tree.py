@@ -38,12 +38,16 @@ JOB_DIR = "/var/lib/gpuops-test/job"
 RUN_ID = "run-1"
 
 # A job leader with a child (in its group, like a data loader) and a grandchild that clears its
-# environment; the leader may ignore SIGTERM.
+# environment; the leader may ignore SIGTERM. The leader names its child only once the child runs:
+# Popen returns when the child's exec is past its point of no return, but /proc/PID/environ is empty
+# until the kernel has set up the new program's stack, and a look in between finds no mark.
 JOB = """
 import os, signal, subprocess, sys, time
 if sys.argv[1] == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(300)"],
+                         stdout=subprocess.PIPE)
+child.stdout.readline()
 print(child.pid, flush=True)
 time.sleep(300)
 """
