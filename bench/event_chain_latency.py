@@ -4,7 +4,7 @@ The chain of tests/integration/test_event_chain.py, started once (tests/harness/
 job's live textfile on the node, Debian's node_exporter (textfile collector), Prometheus (scrape and
 rule evaluation every second, the shipped rules), Alertmanager (the shipped route,
 extensions/eda/alertmanager.yml, group_wait 0s) and ansible-rulebook with the shipped rulebook, which
-runs playbooks/relaunch.yml limited to the alerted host. The job is the demo trainer in a PID namespace
+runs playbooks/relaunch.yml on the alerted job's hosts. The job is the demo trainer in a PID namespace
 whose init never reaps (nsenter connection), so every signal stays inside it.
 
 Each round fails the running job one way and times until the relaunch proved the new run started:

@@ -6,7 +6,7 @@ Two ways to keep N hosts' jobs running (docs/docsite/rst/guide_performance.rst, 
 * polling: the watchdog runs playbooks/relaunch.yml over every host each cycle; a healthy host costs one
   no-op. One cycle costs the fixed CPU of a run plus a no-op per further host.
 * the event path: the node keeps its job's health live, Prometheus scrapes it, and Ansible runs only for
-  a failed host, one run per alert (the shipped rulebook limits each run to the alerted host), so each
+  a failed host, one run per alert (the shipped rulebook runs each on the alerted job's hosts), so each
   failure costs a whole one-host first relaunch.
 
 The model is linear because the bench finds nothing per host that grows with the fleet (the same CPU

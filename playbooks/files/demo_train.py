@@ -15,14 +15,20 @@ It also shows each health case of gpuops.relaunch.train_launch for real:
   warnings do;
 * --crash-at-step N: after step N it exits with --exit-code (1 unless given);
 * --finish-at-step N: after step N it exits with 0 (training done);
-* --resume WHAT: prints "resuming from WHAT" first (what resume_args would pass).
+* --resume WHAT: prints "resuming from WHAT" first (what resume_args would pass);
+* --rendezvous: one rank of a multi-rank job. The ranks (MASTER_ADDR, MASTER_PORT, NODE_RANK and
+  NNODES, as the relaunch gives them) meet before the first step and exchange a byte before every
+  step, as a collective does: a rank whose peer is gone exits with 1, as a job does when NCCL loses
+  a peer, and a rank whose peer is held still waits (a hung collective).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -46,6 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--worker-setsid", action="store_true", help="workers leave the job's process group")
     parser.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (only SIGKILL ends it)")
     parser.add_argument("--pid-file", help="write each worker's pid here, one per line")
+    parser.add_argument("--rendezvous", action="store_true", help="meet the other ranks first, exchange a byte each step")
+    parser.add_argument("--rendezvous-timeout", type=float, default=60.0, help="give up (exit 2) after this many seconds")
     parser.add_argument("--tag", help="ignored: lets a test find its own processes by command line")
     return parser.parse_args(argv)
 
@@ -73,6 +81,68 @@ def start_orphaned_worker(seconds: float, setsid: bool, pid_file: str | None) ->
     os.waitpid(middle, 0)
 
 
+class Ranks:
+    """This rank's connections to its peers: rank 0 to every other rank, the others to rank 0."""
+
+    def __init__(self, stopping: list[int]) -> None:
+        self.addr = os.environ["MASTER_ADDR"]
+        self.port = int(os.environ["MASTER_PORT"])
+        self.rank = int(os.environ["NODE_RANK"])
+        self.size = int(os.environ["NNODES"])
+        self.stopping = stopping
+        self.peers: list[socket.socket] = []
+
+    def meet(self, timeout: float) -> bool:
+        """Connect to every peer; False when stopped or past `timeout` first."""
+        deadline = time.monotonic() + timeout
+        if self.rank == 0:
+            with socket.create_server((self.addr, self.port)) as server:
+                server.settimeout(0.1)
+                while len(self.peers) < self.size - 1:
+                    if self.stopping or time.monotonic() > deadline:
+                        return False
+                    try:
+                        self.peers.append(server.accept()[0])
+                    except socket.timeout:
+                        continue
+            return True
+        while not self.peers:
+            if self.stopping or time.monotonic() > deadline:
+                return False
+            try:
+                self.peers.append(socket.create_connection((self.addr, self.port), timeout=1))
+            except OSError:
+                time.sleep(0.1)
+        return True
+
+    def exchange(self) -> bool | None:
+        """One collective: True when every peer took part, False when one is gone, None when stopped meanwhile."""
+        if self.rank == 0:
+            for peer in self.peers:
+                got = self._receive(peer)
+                if got is not True:
+                    return got
+            return all(self._send(peer) for peer in self.peers)
+        return self._send(self.peers[0]) and self._receive(self.peers[0])
+
+    @staticmethod
+    def _send(peer: socket.socket) -> bool:
+        try:
+            peer.sendall(b".")
+        except OSError:
+            return False
+        return True
+
+    def _receive(self, peer: socket.socket) -> bool | None:
+        while not self.stopping:
+            if select.select([peer], [], [], 0.1)[0]:
+                try:
+                    return peer.recv(1) == b"."
+                except OSError:
+                    return False
+        return None
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     stopping = []
@@ -88,6 +158,12 @@ def main(argv: list[str]) -> int:
         say(f"setup {number + 1}/{args.lines}")
     for _worker in range(args.workers):
         start_orphaned_worker(args.worker_seconds, args.worker_setsid, args.pid_file)
+    ranks = Ranks(stopping) if args.rendezvous else None
+    if ranks is not None:
+        if not ranks.meet(args.rendezvous_timeout):
+            say(f"rank {ranks.rank}: the other ranks did not meet at {ranks.addr}:{ranks.port}")
+            return 2
+        say(f"rendezvous: rank {ranks.rank} of {ranks.size} at {ranks.addr}:{ranks.port}")
     step = 0
     stalled = False
     next_step = started + args.ready_after
@@ -101,6 +177,13 @@ def main(argv: list[str]) -> int:
             say(f"still waiting for allreduce after step {step}")
             next_step = now + args.stall_chatter
         if not args.no_ready and not stalled and now >= next_step:
+            if ranks is not None:
+                together = ranks.exchange()
+                if together is None:
+                    break
+                if not together:
+                    say(f"rank {ranks.rank}: a peer is gone after step {step}")
+                    return 1
             step += 1
             say(f"step {step} loss={2.5 / step:.4f}")
             next_step = now + args.step_interval

@@ -62,7 +62,7 @@ class ActionModule(ActionBase):
             msg = name_the_variables("train_launch", str(probe.get("msg") or "the probe failed"),
                                      probe.get("option_problems") or [])
             return self._fail(result, host, probe, msg, args, task_vars)
-        decision = decide(probe, alerted_job=args["alerted_job"], job_name=args["job_name"],
+        decision = decide(probe, rank, alerted_job=args["alerted_job"], job_name=args["job_name"],
                           alerted_host=args["alerted_host"], host=host)
         rank_facts = rank.as_dict() if rank is not None else None
         # A rank decides with its job's other ranks in the next step; a job of one host is decided now.
@@ -70,10 +70,11 @@ class ActionModule(ActionBase):
         if probe.get("diff"):
             # --diff: what a restart would change in the job's spec (command, env, log path, backend ...).
             result["diff"] = probe["diff"]
-        # A rank's launch is given the environment its probe compared (the job's, with the rank's variables).
-        launch_env = options["env"] if rank is not None else None
+        # A rank's launch is given the environment its probe compared (the job's, with the rank's variables),
+        # and its live file names rank 0, which every rank's alert then carries.
+        launch_options = {"env": options["env"], "metrics_rank0": rank.ranks[0]} if rank is not None else {}
         result.update(changed=False, probe=probe, decision=decision, rank=rank_facts, done=done, msg=decision["why"],
-                      launch_env=launch_env,
+                      launch_options=launch_options,
                       ansible_facts={"relaunch_decision": decision, "relaunch_rank": rank_facts})
         if done:
             published = self._publish(host, probe, decision, args, task_vars)

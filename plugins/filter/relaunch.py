@@ -9,7 +9,7 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    RelaunchInputError, failure_message, rank_of,
+    RelaunchInputError, alerted_job_hosts, failure_message, rank_of,
 )
 
 
@@ -37,4 +37,4 @@ class FilterModule:
     """gpuops.relaunch filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"rank_env": rank_env, "failure_message": failure_message}
+        return {"rank_env": rank_env, "failure_message": failure_message, "alerted_job_hosts": alerted_job_hosts}

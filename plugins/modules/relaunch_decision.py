@@ -140,12 +140,15 @@ probe:
   description: M(gpuops.relaunch.train_launch)'s probe result (its C(health), C(decision), C(relaunch_guard), plan).
   returned: when the probe ran
   type: dict
-launch_env:
+launch_options:
   description:
-    - For a rank of a multi-rank job, the environment its probe compared (the job's C(job_launch_env) with
-      C(MASTER_ADDR), C(MASTER_PORT), C(NODE_RANK) and C(NNODES)), which the launch is given; null for a job of one host.
+    - The options of M(gpuops.relaunch.train_launch) that the decision fixes for the launch. For a rank of a multi-rank
+      job C(env), the environment its probe compared (the job's C(job_launch_env) with C(MASTER_ADDR),
+      C(MASTER_PORT), C(NODE_RANK) and C(NNODES)), and C(metrics_rank0), rank 0's inventory hostname (the
+      C(gpuops_rank0) label of the live file); empty for a job of one host.
   returned: when the probe ran
   type: dict
+  sample: {env: {MASTER_ADDR: 10.0.0.1, MASTER_PORT: "29500", NODE_RANK: "1", NNODES: "2"}, metrics_rank0: gpu1}
 done:
   description: Whether this host is decided and summarized (a job of one host that needs nothing more).
   returned: when the probe ran

@@ -388,6 +388,15 @@ options:
         address). Required with O(metrics_dir); the roles pass C(inventory_hostname). At most 253 characters.
     type: str
     version_added: 0.2.0
+  metrics_rank0:
+    description:
+      - For a rank of a multi-rank job, the inventory hostname of the job's rank 0, for the C(gpuops_rank0) label
+        of the live file; unset, O(metrics_host) (a job of one host is its own rank 0). Every rank's alert then
+        carries one value, by which Alertmanager groups them into one notification and the event-driven relaunch
+        runs once for the whole job (extensions/eda). The relaunch role passes it. At most 253 characters.
+      - Like O(metrics_dir), part of what a start stores, not of the spec - it never restarts a job by itself.
+    type: str
+    version_added: 0.2.0
 notes:
   - The supervisor exits once the job's whole tree is gone, except where its parent (in a container,
     PID 1) neither catches nor ignores SIGCHLD and so may never reap it. Exiting there would leave the
@@ -972,6 +981,7 @@ def main() -> None:
             "reset_guard": {"type": "bool", "default": False},
             "metrics_dir": {"type": "path"},
             "metrics_host": {"type": "str"},
+            "metrics_rank0": {"type": "str"},
         },
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,

@@ -182,8 +182,10 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
     relaunch_alerted_host, set by the event-driven relaunch). When the job is not this host's
     (`job_name`, job_launch_name), nothing is done, whatever the probe found: the alert came from a job
     this inventory no longer runs there (renamed, or a stale textfile), and relaunching the host's own
-    job for it would restart a job nobody said failed. When the host is not this one (`host`), nothing
-    is done either: a group or a pattern in the alert's host label reached more hosts than it named.
+    job for it would restart a job nobody said failed. When the host is neither this one (`host`) nor a
+    rank of this host's job (`rank`), nothing is done either: a group or a pattern in the alert's host
+    label reached more hosts than it named. (The alert names a multi-rank job by its rank 0, the
+    gpuops_rank0 label: the relaunch then runs on all its ranks, see alerted_job_hosts.)
 
     One rank that must be relaunched (or that the guard refuses) means every rank must: the others
     would wait at a rendezvous that never completes. A rank whose probe did not answer does not count
@@ -192,8 +194,9 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
     stalled, missing) every rank resumes: the ranks restart together from one checkpoint.
     """
     not_for_this = None
-    if alerted_host not in (None, "") and alerted_host != host:
-        not_for_this = f"the alert names the host {_quoted(alerted_host)}, not this one ({_quoted(host)})"
+    if alerted_host not in (None, "") and alerted_host not in (rank.ranks if rank is not None else (host,)):
+        not_for_this = (f"the alert names the host {_quoted(alerted_host)}, not this one ({_quoted(host)})"
+                        + (" nor a rank of its job" if rank is not None else ""))
     elif alerted_job not in (None, "") and alerted_job != job_name:
         not_for_this = (f"the alert names the job {_quoted(alerted_job)}, but this host's job (job_launch_name) is "
                         f"{_quoted(job_name)}")
@@ -229,6 +232,27 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
     if failed and decision["relaunch"]:
         decision.update(resume=True, resume_mode="always")
     return decision
+
+
+def alerted_job_hosts(alerted_host: Any, host: str, ranks: Any, inventory_hosts: Iterable[str]) -> list[str]:
+    """The inventory hosts an event-driven relaunch runs on, for an alert that names `alerted_host` (the
+    alert's gpuops_rank0: a multi-rank job's rank 0, or a job's one host), as that host answers it
+    (`host`, its `ranks`: job_launch_ranks): its job's ranks that are in the inventory
+    (`inventory_hosts`), in rank order, or the host alone for a job of one host. A host that is not the
+    one named ([]: a group name in the label reached it) adds none.
+
+    A rank missing from the inventory, ranks that are no list of names or that leave the host out: the
+    relaunch then refuses the job with check_ranks' message, rather than this quietly running elsewhere
+    (or adding a host that the inventory does not have)."""
+    if alerted_host != host:
+        return []
+    if ranks is None or ranks == "" or isinstance(ranks, (str, bytes, Mapping)) or not isinstance(ranks, Sequence):
+        return [host]
+    names = [str(name) for name in ranks]
+    if host not in names:
+        return [host]
+    known = set(inventory_hosts)
+    return [name for name in names if name in known]
 
 
 def _quoted(value: Any) -> str:

@@ -248,9 +248,10 @@ VARIABLES: tuple[RoleVar, ...] = (
         "does nothing and its summary says why (the alert came from a job the inventory no longer runs there).",
         "Empty (no event), the relaunch decides from the probe alone.")),
     RoleVar("relaunch_alerted_host", type="str", default="", description=(
-        "The inventory host an event named; the event-driven relaunch passes the alert's C(gpuops_host) (and limits "
-        "the run to it). On any other host the run reaches (the label was a group or a pattern), the relaunch "
-        "does nothing and its summary says why.",
+        "The inventory host an event named; the event-driven relaunch passes the alert's C(gpuops_rank0) (a "
+        "multi-rank job's rank 0, or a job's one host), and C(playbooks/relaunch.yml) then runs on that host's job: "
+        "its C(job_launch_ranks), or the host alone. On a host that is neither it nor a rank of its job, the "
+        "relaunch does nothing and its summary says why.",
         "Empty, no event.")),
     RoleVar("relaunch_summary_dir", type="str", default="", description=(
         "When set, each host's summary is also written as JSON on the controller, one file per host and job "

@@ -8,8 +8,11 @@ jobs' live files and the relaunch's files go to, ansible-rulebook with the colle
 (extensions/eda/alertmanager.yml; only its timings, URL and token file replaced) and Prometheus with the
 shipped rules, scrape and evaluation every second. It launches gpu1's job (a plain relaunch run, not
 through the chain) and waits until Prometheus sees it running. gpu1 runs a healthy demo job, gpu2 one
-that crashes four steps (about 3 s) after each start (launched by the test that wants it). Everything ends with the
-block, each part by the pid it recorded, the rulebook first.
+that crashes four steps (about 3 s) after each start (launched by the test that wants it). rank-a and
+rank-b are the two ranks of one job, "ddp", whose processes meet on loopback and exchange a byte at
+every step (demo_train.py --rendezvous; launched by the test that wants them): rank-b is another node,
+with a node_exporter of its own (its live file has the job's name too). Everything ends with the block,
+each part by the pid it recorded, the rulebook first.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 RULES = [REPO / "extensions" / "prometheus" / "rules" / name for name in ("gpuops.rules.yml", "gpuops_events.rules.yml")]
 ROUTE = REPO / "extensions" / "eda" / "alertmanager.yml"
 PYTHON = "/usr/bin/python3"
+RANKS = ("rank-a", "rank-b")
 
 
 class Chain:
@@ -49,6 +53,8 @@ class Chain:
         self.textfiles = work / "textfile"
         self.textfiles.mkdir(mode=0o755)
         self.summaries = work / "summaries"
+        self.rank_b_textfiles = work / "textfile-rank-b"
+        self.rank_b_textfiles.mkdir(mode=0o755)
         self.hosts: dict[str, dict[str, Any]] = {
             "gpu1": self._job_vars("gpu1", "train", ["--step-interval", "0.2"], max_relaunches=max_relaunches),
             # Running for about 3 s after each start: Prometheus (1 s scrape and evaluation) sees it run between
@@ -57,13 +63,19 @@ class Chain:
             "gpu2": self._job_vars("gpu2", "crashy", ["--step-interval", "1", "--crash-at-step", "4", "--exit-code", "3"],
                                    max_relaunches=1),
         }
+        for host, textfiles in (("rank-a", self.textfiles), ("rank-b", self.rank_b_textfiles)):
+            self.hosts[host] = self._job_vars(host, "ddp", ["--step-interval", "0.2", "--rendezvous"],
+                                              max_relaunches=max_relaunches, textfiles=textfiles)
+            self.hosts[host]["job_launch_ranks"] = list(RANKS)
+        self.hosts["rank-a"].update(job_launch_master_addr="127.0.0.1", job_launch_master_port=free_port())
         self.inventory = work / "inventory.json"
         self.inventory.write_text(json.dumps({"all": {"hosts": self.hosts}}), encoding="utf-8")
         self.prometheus: Service
         self.alertmanager: Service
         self.rulebook: Rulebook
 
-    def _job_vars(self, host: str, job: str, args: list[str], max_relaunches: int) -> dict[str, Any]:
+    def _job_vars(self, host: str, job: str, args: list[str], max_relaunches: int,
+                  textfiles: Path | None = None) -> dict[str, Any]:
         # A copy of the demo per host: each host's clean-up selector matches its own job only.
         own = self.work / host
         own.mkdir()
@@ -82,13 +94,13 @@ class Chain:
             job_launch_progress_regex=r"^step (\d+) ",
             job_launch_stall_after=2,
             job_launch_max_relaunches=max_relaunches,
-            job_launch_metrics_dir=str(self.textfiles),
+            job_launch_metrics_dir=str(textfiles or self.textfiles),
             process_cleanup_match=[f"{script}\\b".replace(".", "\\.")],
             process_cleanup_term_timeout=5,
             gpu_drain_gpus_required=False,
             gpu_drain_timeout=20,
             container_reset_allowed=False,
-            relaunch_metrics_dir=str(self.textfiles),
+            relaunch_metrics_dir=str(textfiles or self.textfiles),
             relaunch_summary_dir=str(self.summaries),
         )
 
@@ -135,9 +147,10 @@ class Chain:
 
     # --- what the chain saw ------------------------------------------------------------------------
 
-    def events_for(self, host: str, since: float) -> list[dict[str, Any]]:
+    def events_for(self, rank0: str, since: float) -> list[dict[str, Any]]:
+        """The notifications the rulebook received since `since` for the job whose rank 0 (or one host) is `rank0`."""
         return [event for event in self.rulebook.events()
-                if (event.get("payload") or {}).get("groupLabels", {}).get("gpuops_host") == host
+                if (event.get("payload") or {}).get("groupLabels", {}).get("gpuops_rank0") == rank0
                 and received_at(event) >= since]
 
     def firing(self, alertname: str, host: str) -> bool:
@@ -162,18 +175,18 @@ class Chain:
             return recaps if len(recaps) >= count else None
         return wait_until(enough, timeout=60, what=f"{count} more playbook run(s) of the rulebook", interval=0.1)
 
-    def launch(self, host: str) -> dict[str, Any]:
-        """The job's first launch, by a plain relaunch run (not through the chain)."""
-        run = run_playbook(PLAYBOOK, inventory=str(self.inventory), extra_vars={"relaunch_hosts": host})
+    def launch(self, *hosts: str) -> dict[str, Any]:
+        """The job's first launch, by a plain relaunch run (not through the chain); the first host's summary."""
+        run = run_playbook(PLAYBOOK, inventory=str(self.inventory), extra_vars={"relaunch_hosts": ":".join(hosts)})
         assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
-        return run.summary()
+        return run.summary(hosts[0])
 
 
 def alertmanager_config(webhook: str, token_file: Path) -> dict[str, Any]:
     """The shipped route (extensions/eda/alertmanager.yml), with the test's URL, token and one-second timings."""
     config = yaml.safe_load(ROUTE.read_text(encoding="utf-8"))
     [route] = config["route"]["routes"]
-    assert route["group_by"] == ["gpuops_host", "gpuops_job"] and route["group_wait"] == "0s"
+    assert route["group_by"] == ["gpuops_rank0", "gpuops_job"] and route["group_wait"] == "0s"
     route.update(group_interval="1s", repeat_interval="1h")
     [receiver] = [r for r in config["receivers"] if r["name"] == route["receiver"]]
     [hook] = receiver["webhook_configs"]
@@ -190,6 +203,9 @@ def event_chain(work: Path, max_relaunches: int = 5) -> Iterator[Chain]:
         namespace = stack.enter_context(pid_namespace())
         chain = Chain(work, namespace, max_relaunches)
         exporter = stack.enter_context(node_exporter(chain.textfiles, work))
+        rank_b_logs = work / "rank-b-node"
+        rank_b_logs.mkdir()
+        rank_b_exporter = stack.enter_context(node_exporter(chain.rank_b_textfiles, rank_b_logs))
         port = free_port()
         token = f"chain-{os.getpid()}"
         chain.rulebook = stack.enter_context(rulebook("relaunch_on_alert", chain.inventory, work, port=port, token=token))
@@ -201,7 +217,8 @@ def event_chain(work: Path, max_relaunches: int = 5) -> Iterator[Chain]:
             "rule_files": [str(path) for path in RULES],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [chain.alertmanager.url.split("//", 1)[1]]}]}]},
             "scrape_configs": [{"job_name": "node",
-                                "static_configs": [{"targets": [exporter.url.split("//", 1)[1].split("/", 1)[0]]}]}],
+                                "static_configs": [{"targets": [node.url.split("//", 1)[1].split("/", 1)[0]
+                                                                for node in (exporter, rank_b_exporter)]}]}],
         }, work))
         first = chain.launch("gpu1")
         assert first["relaunched"] is True, first
@@ -221,8 +238,7 @@ def relaunched_through_the_chain(chain: Chain, host: str, failed_at: float, befo
     events = chain.events_for(host, failed_at)
     assert events, chain.rulebook.text()[-3000:]
     detected = received_at(events[0])
-    assert events[0]["payload"]["groupLabels"] == {"gpuops_host": host, "gpuops_job": chain.hosts[host]["job_launch_name"]}
-    assert events[0]["meta"]["hosts"] == [host]  # the run's --limit
+    assert events[0]["payload"]["groupLabels"] == {"gpuops_rank0": host, "gpuops_job": chain.hosts[host]["job_launch_name"]}
     # Proven started: the launch came back (ready line, min_uptime), a new run with a live main process.
     record = chain.run_record(host)
     assert record["run_id"] != old["run_id"] and record["pid"] != old["pid"]

@@ -2,15 +2,15 @@
 
 node (the job's live textfile) -> node_exporter (textfile collector) -> Prometheus (the shipped rules,
 GpuopsJobFailed) -> Alertmanager (the shipped route, extensions/eda/alertmanager.yml) -> ansible-rulebook
-(the shipped rulebook, extensions/eda/rulebooks/relaunch_on_alert.yml) -> playbooks/relaunch.yml limited to
-the alerted host. Every part is real (Debian's binaries unpacked by `make prometheus-tools`,
+(the shipped rulebook, extensions/eda/rulebooks/relaunch_on_alert.yml) -> playbooks/relaunch.yml on the
+alerted job's hosts. Every part is real (Debian's binaries unpacked by `make prometheus-tools`,
 ansible-rulebook from requirements/test.txt, Java 17 from APT_PKGS) and on loopback, with intervals of a
 second; they start once for the whole file (module fixture, tests/harness/event_chain.py), and the
 cases run in this order.
 
-The hosts are two inventory names for one PID namespace whose init never reaps (nsenter connection):
+The hosts are four inventory names for one PID namespace whose init never reaps (nsenter connection):
 every signal stays inside it. gpu1 runs a healthy job, gpu2 a job that crashes about 3 s after each
-start. Each relaunch case prints its failure-to-running latency, split into detection (the failure ->
+start, rank-a and rank-b the two ranks of one job that meet on loopback. Each relaunch case prints its failure-to-running latency, split into detection (the failure ->
 the rulebook received the alert) and relaunch (received -> the relaunch proved the new run started).
 """
 
@@ -22,11 +22,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness.event_chain import Chain, event_chain, relaunched_through_the_chain
+from tests.harness.event_chain import RANKS, Chain, event_chain, relaunched_through_the_chain
+from tests.harness.pidns import process_starttime
 from tests.harness.playbook import REPO
 from tests.harness.procstates import wait_until
 from tests.harness.prometheus import free_port
@@ -93,7 +95,7 @@ def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_
     assert chain.rulebook.post(last["payload"]) == 200
     assert chain.rulebook.post(last["payload"]) == 200
     pwned = chain.work / "pwned"
-    for label, value in (("gpuops_job", "{{ lookup('ansible.builtin.pipe', 'touch %s') }}" % pwned), ("gpuops_host", "all")):
+    for label, value in (("gpuops_job", "{{ lookup('ansible.builtin.pipe', 'touch %s') }}" % pwned), ("gpuops_rank0", "all")):
         bad = json.loads(json.dumps(last["payload"]))
         bad["groupLabels"][label] = bad["commonLabels"][label] = value
         assert chain.rulebook.post(bad) == 200
@@ -116,6 +118,47 @@ def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_
     # All five posts arrived; the bad ones matched no rule: no run, nothing templated.
     assert len([event for event in chain.rulebook.events() if received_at(event) > received_at(last) + 1]) == 5
     assert len(chain.rulebook.recaps()) == runs + 2 and not pwned.exists()
+
+
+def test_an_alert_on_one_rank_relaunches_every_rank_of_its_job_once(chain: Chain) -> None:
+    """rank-b's process is killed; rank-a's then ends too (its peer is gone). Both alerts carry the job's
+    rank 0 (gpuops_rank0=rank-a): one relaunch of both ranks, which meet again and train together."""
+    started = chain.launch(*RANKS)
+    assert started["relaunched"] is True, started
+    for host in RANKS:
+        wait_until(lambda h=host: chain.health_in_prometheus(h) == "running", timeout=30, what=f"{host} running")
+    old = {host: chain.run_record(host) for host in RANKS}
+    before = {host: chain.summary_stamp(host) for host in RANKS}
+    runs = len(chain.rulebook.recaps())
+    failed_at = time.time()
+    os.kill(chain.job_host_pid("rank-b"), signal.SIGKILL)
+    summaries = {host: chain.next_summary(host, before[host]) for host in RANKS}
+    for host, (summary, _seen) in summaries.items():
+        assert summary["status"] == "relaunched" and summary["relaunched"] is True, summary
+    assert summaries["rank-b"][0]["health"]["exit_signal"] == "SIGKILL"
+    events = chain.events_for("rank-a", failed_at)
+    assert events and events[0]["payload"]["groupLabels"] == {"gpuops_rank0": "rank-a", "gpuops_job": "ddp"}
+    detected = received_at(events[0])
+    print(f"\none rank killed: failure -> both ranks running {max(seen for _s, seen in summaries.values()) - failed_at:.1f}s "
+          f"(detection {detected - failed_at:.1f}s)")
+    # Proven started, together: a new run on each rank, whose log says it met the other rank, and steps after.
+    new = {host: chain.run_record(host) for host in RANKS}
+    for index, host in enumerate(RANKS):
+        assert new[host]["run_id"] != old[host]["run_id"]
+        assert process_starttime(chain.job_host_pid(host)) is not None
+        log = Path(new[host]["log_path"])
+        wait_until(lambda path=log, i=index: f"rendezvous: rank {i} of 2" in path.read_text(encoding="utf-8")
+                   and "step 3 " in path.read_text(encoding="utf-8"), timeout=20, what=f"{host} training with its peer")
+    # Once, however many ranks alerted: when the chain has settled (both running in Prometheus, no alert
+    # left in Alertmanager), the one run that changed the ranks is the one that relaunched them.
+    for host in RANKS:
+        wait_until(lambda h=host: chain.health_in_prometheus(h) == "running", timeout=20, what=f"{host} running again")
+        wait_until(lambda h=host: not chain.active_in_alertmanager("GpuopsJobFailed", h), timeout=20,
+                   what=f"Alertmanager to drop GpuopsJobFailed for {host}")
+    recaps = chain.recaps_after(runs)
+    assert all(set(recap) == set(RANKS) for recap in recaps), recaps
+    assert [recap["rank-a"]["changed"] > 0 for recap in recaps].count(True) == 1, recaps
+    assert {host: chain.run_record(host)["run_id"] for host in RANKS} == {host: new[host]["run_id"] for host in RANKS}
 
 
 def test_a_crash_loop_is_refused_alerts_and_is_not_retried(chain: Chain) -> None:

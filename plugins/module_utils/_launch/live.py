@@ -3,7 +3,8 @@
 """The job's live health on the node: its textfile kept current without Ansible.
 
 With train_launch's ``metrics_dir`` the start stores, in launch.json, where the job's live file goes
-(``METRICS_DIR/gpuops_job_JOB.prom``), the inventory hostname for its ``gpuops_host`` label, and the
+(``METRICS_DIR/gpuops_job_JOB.prom``), the inventory hostnames for its ``gpuops_host`` and ``gpuops_rank0``
+labels, and the
 stall rule (``progress_regex``, ``stall_after``). From then on the node rewrites the file itself:
 
 * the supervisor backend: the supervisor, beside its wait (it still reaps the moment a child ends),
@@ -71,13 +72,15 @@ EXIT_SETTLE_WAIT = 2.0
 
 
 class LiveSettings:
-    """What launch.json says about the live file: where, for which job and host, and the stall rule."""
+    """What launch.json says about the live file: where, for which job, host and rank 0, and the stall rule."""
 
     def __init__(self, directory: str, job: str, host: str, progress_regex: str | None,
-                 stall_after: float | None) -> None:
+                 stall_after: float | None, rank0: str | None = None) -> None:
         self.directory = directory
         self.job = job
         self.host = host
+        # A start before the label existed stored none: the job is then taken as one host's.
+        self.rank0 = rank0 or host
         self.progress_regex = progress_regex
         self.pattern = re.compile(progress_regex) if progress_regex else None
         self.stall_after = stall_after
@@ -115,16 +118,16 @@ def stall_rule(launch: dict[str, Any] | None) -> tuple[str | None, float | None]
 
 
 def settings_of(launch: dict[str, Any] | None) -> LiveSettings | None:
-    """The live file's settings of a launch (launch.json's ``live``: ``dir``, ``job``, ``host``), or None
-    where it keeps none (or what it says is not sound)."""
+    """The live file's settings of a launch (launch.json's ``live``: ``dir``, ``job``, ``host``, ``rank0``),
+    or None where it keeps none (or what it says is not sound)."""
     stored = _stored(launch, LAUNCH_KEY)
-    directory, job, host = stored.get("dir"), stored.get("job"), stored.get("host")
+    directory, job, host, rank0 = stored.get("dir"), stored.get("job"), stored.get("host"), stored.get("rank0")
     if not all(isinstance(value, str) and value for value in (directory, job, host)):
         return None
     if not os.path.isabs(directory):
         return None
     regex, after = stall_rule(launch)
-    return LiveSettings(directory, job, host, regex, after)
+    return LiveSettings(directory, job, host, regex, after, rank0 if isinstance(rank0, str) else None)
 
 
 def live_path(launch: dict[str, Any] | None) -> str | None:
@@ -240,7 +243,7 @@ class Monitor:
                 report = assess(self.job_dir, self.settings, run, alive, self.clock, seen=self.seen)
                 textfile = _textfile()
                 text = textfile.render(textfile.live_metrics(self.settings.job, self.settings.host, report.as_dict(),
-                                                             round(self.clock(), 3)))
+                                                             round(self.clock(), 3), rank0=self.settings.rank0))
                 textfile.write_textfile(self.settings.directory, self.settings.file_name, text)
         except Exception as exc:  # pylint: disable=broad-except
             problem = "gpuops live health: cannot write %s: %s" % (self.settings.path, exc)

@@ -153,9 +153,10 @@ class LaunchOptions:
     # Clear the job's relaunch history before deciding (the crash-loop guard's documented reset).
     reset_guard: bool = False
     # The job's live textfile (see _launch/live.py): node_exporter's directory, and the inventory
-    # hostname for its gpuops_host label. None: the node keeps no live file.
+    # hostnames for its gpuops_host and gpuops_rank0 labels. None: the node keeps no live file.
     metrics_dir: str | None = None
     metrics_host: str | None = None
+    metrics_rank0: str | None = None
 
     def launch_fields(self, resume: bool) -> dict[str, Any]:
         """What a start writes to launch.json besides its run id (`resume`: with resume_args appended)."""
@@ -185,7 +186,8 @@ class LaunchOptions:
             "stall_after": self.stall_after,
         }}
         if self.metrics_dir is not None:
-            stored["live"] = {"dir": self.metrics_dir, "job": self.name, "host": self.metrics_host}
+            stored["live"] = {"dir": self.metrics_dir, "job": self.name, "host": self.metrics_host,
+                              "rank0": self.metrics_rank0}
         return stored
 
     @property
@@ -365,6 +367,19 @@ def _metrics_host(metrics_dir: str | None, host: Any) -> str | None:
     return host
 
 
+def _metrics_rank0(metrics_host: str | None, rank0: Any) -> str | None:
+    """The inventory hostname of the job's rank 0 for the live file's gpuops_rank0 label (unset: the job
+    is one host's, metrics_host): the alerts of all the ranks of one job share it, so that one
+    notification and one event-driven run cover them all."""
+    if metrics_host is None or rank0 is None or rank0 == "":
+        return metrics_host
+    if not isinstance(rank0, str):
+        raise BadOption("metrics_rank0", "must be the inventory hostname of the job's rank 0")
+    if len(rank0) > MAX_HOST_NAME:
+        raise BadOption("metrics_rank0", f"is {len(rank0)} characters long; at most {MAX_HOST_NAME}")
+    return rank0
+
+
 def _check_metrics_dir(metrics_dir: str) -> None:
     """node_exporter's directory: it exists (it is not created: a typo must not make a directory nobody
     reads) and can be written, reached without a symlink another user can change."""
@@ -514,6 +529,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     resume_args = checks.check(_resume_args, params.get("resume_args"))
     metrics_dir = checks.check(_absolute, "metrics_dir", params.get("metrics_dir") or None)
     metrics_host = checks.check(_metrics_host, metrics_dir, params.get("metrics_host"))
+    metrics_rank0 = checks.check(_metrics_rank0, metrics_host, params.get("metrics_rank0"))
     max_relaunches = None
     if params.get("max_relaunches") is not None:
         max_relaunches = checks.check(_count, "max_relaunches", params["max_relaunches"], 0, MAX_RELAUNCHES,
@@ -546,6 +562,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         reset_guard=bool(params.get("reset_guard")),
         metrics_dir=metrics_dir,
         metrics_host=metrics_host,
+        metrics_rank0=metrics_rank0,
     )
 
 

@@ -71,6 +71,9 @@ MAX_JOB_NAME = 200
 # `exported_job`; `instance` is the node's address, not the inventory hostname a relaunch is limited to.
 JOB_LABEL = "gpuops_job"
 HOST_LABEL = "gpuops_host"
+# The live file's series also name the job's rank 0 (the host itself for a job of one host): the alerts
+# of all the ranks of one job share it (extensions/eda groups and relaunches by it).
+RANK0_LABEL = "gpuops_rank0"
 MAX_HOST_NAME = 253
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # More than any file this module writes: an existing file larger than this is compared as changed.
@@ -184,10 +187,11 @@ LIVE_TIMESTAMP_METRIC = "gpuops_job_live_timestamp_seconds"
 LIVE_FILE_PREFIX = "gpuops_job_"
 
 
-def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float) -> list[Family]:
+def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, rank0: str | None = None) -> list[Family]:
     """The job's live file: its health as the node judged it at `now` (train_launch's health, as
-    HealthReport.as_dict() says it), and when. Labelled as every series of the collection."""
-    labels = {JOB_LABEL: job, HOST_LABEL: check_host(host)}
+    HealthReport.as_dict() says it), and when. Labelled as every series of the collection, and with the
+    job's rank 0 (`rank0`; unset, `host`)."""
+    labels = {JOB_LABEL: job, HOST_LABEL: check_host(host), RANK0_LABEL: check_host(rank0 or host, "rank0")}
     families = _health_families(_mapping(health, "health"), labels, health.get("state"), "as the node judged it last")
     judged = Family(LIVE_TIMESTAMP_METRIC, "When the node last judged the job's health (its live file), in seconds since the epoch.")
     judged.add(now, **labels)

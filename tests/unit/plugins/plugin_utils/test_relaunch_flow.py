@@ -9,7 +9,7 @@ from urllib.parse import unquote
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    FAILED_EARLY, FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory,
+    FAILED_EARLY, FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, alerted_job_hosts, check_force, check_ranks, check_ranks_in_inventory,
     check_strategy, clearance, decide, failure_message, fleet_line, fleet_summary, host_summary, outcome_line, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
@@ -67,6 +67,34 @@ def test_an_alert_for_another_host_does_nothing_on_this_one():
     other = decide(crashed, alerted_host="all", host="gpu1", alerted_job="llm", job_name="llm")
     assert other["action"] == "none" and other["relaunch"] is False and other["stop"] is False
     assert other["why"] == "the alert names the host 'all', not this one ('gpu1'): nothing is done"
+
+
+def test_an_alert_that_names_a_rank_of_the_job_reaches_every_rank_and_no_other_job():
+    """The event path names a multi-rank job by its rank 0 (gpuops_rank0): every rank acts on it; a host
+    of another job does nothing, whatever its probe found."""
+    probes = {"a": probe(), "b": probe("relaunch", "crashed"), "c": probe()}
+    for host in RANKS.ranks:
+        rank = Rank(RANKS.ranks.index(host), RANKS.ranks, "a", 29500)
+        assert decide(probes[host], rank, probes, alerted_host="a", host=host, alerted_job="llm", job_name="llm") == (
+            decide(probes[host], rank, probes))
+    other = decide(probe("relaunch", "crashed"), Rank(0, ("x", "y"), "x", 29500), {}, alerted_host="a", host="x")
+    assert other["relaunch"] is False and other["why"] == (
+        "the alert names the host 'a', not this one ('x') nor a rank of its job: nothing is done")
+
+
+@pytest.mark.parametrize(("alerted", "host", "ranks", "expect"), [
+    ("a", "a", ["a", "b", "c"], ["a", "b", "c"]),      # rank 0 names its job's ranks, in rank order
+    ("b", "b", ("a", "b"), ["a", "b"]),                # any rank does
+    ("gpu1", "gpu1", None, ["gpu1"]),                  # a job of one host
+    ("gpu1", "gpu1", "", ["gpu1"]),                    # unset, as ansible-core before 2.19 renders it
+    ("gpus", "gpu1", None, []),                        # a group name in the label reached this host
+    ("a", "a", ["a", "z"], ["a"]),                     # a rank the inventory lacks is never added
+    ("a", "a", ["b", "c"], ["a"]),                     # ranks that leave the host out: the host, which refuses
+    ("a", "a", "a,b", ["a"]),                          # not a list
+    ("a", "a", {"a": 1}, ["a"]),
+])
+def test_the_alerted_jobs_hosts_are_its_ranks_in_the_inventory(alerted, host, ranks, expect):
+    assert alerted_job_hosts(alerted, host, ranks, ["a", "b", "c", "gpu1"]) == expect
 
 
 def test_the_alerted_job_is_quoted_with_its_control_characters_escaped():

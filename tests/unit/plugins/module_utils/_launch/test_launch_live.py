@@ -47,8 +47,21 @@ def job_dir(tmp_path: Path, **live_settings) -> tuple[Path, Path, dict]:
 
 def live_state(textfiles: Path) -> str | None:
     text = (textfiles / "gpuops_job_llm.prom").read_text(encoding="utf-8")
-    found = re.findall(r'^gpuops_job_health\{gpuops_job="llm",gpuops_host="node-1",state="(\w+)"\} 1$', text, re.M)
+    found = re.findall(r'^gpuops_job_health\{gpuops_job="llm",gpuops_host="node-1",gpuops_rank0="node-1",state="(\w+)"\} 1$',
+                       text, re.M)
     return found[0] if len(found) == 1 else None
+
+
+@pytest.mark.parametrize(("stored", "label"), [({"rank0": "node-0"}, "node-0"), ({}, "node-1"), ({"rank0": 7}, "node-1")])
+def test_every_series_names_the_jobs_rank_0_as_the_start_stored_it(tmp_path, stored, label) -> None:
+    """A rank's live file names its job's rank 0 (the event path groups a job's alerts by it); a start that
+    stored none (a job of one host, or one started before the label) or a broken one names the host."""
+    directory, textfiles, launch = job_dir(tmp_path, **stored)
+    (directory / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 0}))
+    assert live.Monitor.of_launch(str(directory), launch, clock=lambda: NOW).refresh() == "finished"
+    samples = [line for line in (textfiles / "gpuops_job_llm.prom").read_text(encoding="utf-8").splitlines()
+               if line and not line.startswith("#")]
+    assert samples and all(f'gpuops_rank0="{label}"' in line for line in samples), samples
 
 
 def test_reading_only_what_was_written_since_finds_what_a_full_scan_finds(tmp_path) -> None:

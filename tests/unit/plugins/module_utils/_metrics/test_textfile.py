@@ -170,13 +170,14 @@ def test_a_failed_relaunch_leaves_the_health_after_it_unknown():
 def test_a_job_with_a_live_file_has_its_health_series_there_and_nowhere_else():
     relaunch = parse(render(job_metrics("llm", summary(live_metrics="/m/gpuops_job_llm.prom"), GPUS, NOW, HOST)))
     health = {"state": "running", "since_progress": 4.5, "last_step": "7", "last_progress_at": "2026-01-01T00:00:00+00:00"}
-    live = parse(render(live_metrics("llm", HOST, health, NOW)))
+    live = parse(render(live_metrics("llm", HOST, health, NOW, rank0="gpu-0")))
     relaunch_series, live_series = set(relaunch), set(live)
     # node_exporter refuses a series that two files write.
     assert not relaunch_series & live_series
     assert {name for name, _labels in live} == set(HEALTH_SERIES) | {LIVE_TIMESTAMP_METRIC}
     assert not set(HEALTH_SERIES) & {name for name, _labels in relaunch}
-    labels = {"gpuops_host": HOST, "gpuops_job": "llm"}
+    # The live file also names the job's rank 0 (the event path groups the ranks' alerts by it).
+    labels = {"gpuops_host": HOST, "gpuops_job": "llm", "gpuops_rank0": "gpu-0"}
     assert value(live, "gpuops_job_health", **labels, state="running") == 1
     assert value(live, "gpuops_job_seconds_since_progress", **labels) == 4.5
     assert value(live, "gpuops_job_last_step", **labels) == 7
