@@ -65,7 +65,8 @@ def state_of(samples: dict) -> str | None:
 
 
 def labels(**extra: str) -> dict[str, str]:
-    return {"gpuops_job": "job", "gpuops_host": HOST, **extra}
+    # The live file's series also name the job's rank 0: the host itself, for a job of one host.
+    return {"gpuops_job": "job", "gpuops_host": HOST, "gpuops_rank0": HOST, **extra}
 
 
 def file_says(target: Target, wanted: str) -> dict:
