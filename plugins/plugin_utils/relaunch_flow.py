@@ -604,6 +604,82 @@ def fleet_line(fleet: Mapping[str, Any]) -> str:
     return escape_controls(f"{len(fleet.get('hosts') or {})} host(s): {', '.join(parts) or 'none'}{tail}")
 
 
+class FleetError(ValueError):
+    """Fleets that cannot be merged into one truthful view (the message says which and why)."""
+
+
+def _check_fleet(name: str, fleet: Any) -> Mapping[str, Any]:
+    """`fleet` when it is a fleet summary (fleet_summary's shape, its counts those of its hosts), else FleetError."""
+    why = None
+    if not isinstance(fleet, Mapping):
+        why = f"it is a JSON {type(fleet).__name__}, not an object"
+    elif not all(isinstance(fleet.get(key), Mapping) for key in ("hosts", "jobs", "counts")):
+        why = "it lacks hosts, jobs or counts"
+    else:
+        rows = fleet["hosts"]
+        bad = [host for host, row in rows.items() if not isinstance(row, Mapping) or row.get("status") not in FLEET_STATUSES]
+        statuses = [row["status"] for host, row in rows.items() if host not in bad]
+        if bad:
+            why = f"host(s) {', '.join(map(str, bad[:5]))} have no status of a fleet ({', '.join(FLEET_STATUSES)})"
+        elif dict(fleet["counts"]) != {status: statuses.count(status) for status in FLEET_STATUSES}:
+            why = f"its counts {_short(fleet['counts'])} are not those of its {len(rows)} host(s)"
+        elif not all(isinstance(job, Mapping) and isinstance(job.get("ranks"), list) for job in fleet["jobs"].values()):
+            why = "a job of it has no list of ranks"
+    if why:
+        raise FleetError(escape_controls(f"{name}: not a fleet summary of gpuops.relaunch.relaunch_fleet: {why}"))
+    return fleet
+
+
+def _short(value: Any) -> str:
+    """A short, printable rendering of `value` for a message."""
+    text = repr(value)
+    return escape_controls(text if len(text) <= 200 else text[:200] + "...")
+
+
+def merge_fleets(parts: Mapping[str, Any]) -> dict[str, Any]:
+    """One fleet from the fleets of parts of one run (e.g. the slices of a sliced AWX job), keyed by where each
+    came from (a file name, a variable): hosts and jobs united, each job's relaunched and failed ranks and the
+    counts recounted over all of them (so the counts are the sum of the parts'), and `parts`: each part's number
+    of hosts. FleetError when a part is no fleet summary, when there is no part, or when a host is in two parts
+    (its line would count twice; the slices of one sliced job never share a host) or a job's ranks differ between
+    parts; nothing is merged then."""
+    if not parts:
+        raise FleetError("no fleet summary to merge")
+    fleets = {name: _check_fleet(name, fleet) for name, fleet in parts.items()}
+    seen: dict[str, str] = {}
+    overlaps: dict[str, list[str]] = {}
+    hosts: dict[str, Any] = {}
+    jobs: dict[str, dict[str, Any]] = {}
+    for name, fleet in fleets.items():
+        for host, row in fleet["hosts"].items():
+            if host in seen:
+                overlaps.setdefault(host, [seen[host]]).append(name)
+                continue
+            seen[host] = name
+            hosts[host] = dict(row)
+        for first, job in fleet["jobs"].items():
+            ranks = [str(rank) for rank in job["ranks"]]
+            known = jobs.setdefault(str(first), {"ranks": ranks, "from": name})
+            if known["ranks"] != ranks:
+                raise FleetError(escape_controls(
+                    f"the job of rank 0 {first} lists ranks {', '.join(known['ranks'])} in {known['from']} and "
+                    f"{', '.join(ranks)} in {name}: these are not parts of one run"))
+    if overlaps:
+        listed = "; ".join(f"{host} in {', '.join(names)}" for host, names in sorted(overlaps.items())[:10])
+        more = f" and {len(overlaps) - 10} more" if len(overlaps) > 10 else ""
+        raise FleetError(escape_controls(
+            f"{len(overlaps)} host(s) are in more than one fleet summary ({listed}{more}): merged, they would count "
+            f"twice. Merge the parts of one run only (the slices of one sliced job never share a host); nothing was "
+            f"merged"))
+    for job in jobs.values():
+        del job["from"]
+        job["relaunched"] = [name for name in job["ranks"] if hosts.get(name, {}).get("status") == "relaunched"]
+        job["failed"] = [name for name in job["ranks"] if hosts.get(name, {"status": "failed"})["status"] == "failed"]
+    statuses = [row["status"] for row in hosts.values()]
+    return {"hosts": hosts, "jobs": jobs, "counts": {status: statuses.count(status) for status in FLEET_STATUSES},
+            "parts": {name: len(fleet["hosts"]) for name, fleet in fleets.items()}}
+
+
 def failure_message(summary: Mapping[str, Any], job_name: str) -> str | None:
     """What a host whose relaunch failed, or was refused by the crash-loop guard, fails with (None:
     it does not fail)."""
