@@ -587,7 +587,13 @@ def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None],
             ranks = [str(name) for name in rank.get("ranks") or []]
             if ranks:
                 jobs.setdefault(ranks[0], {"ranks": ranks})
-    for first, job in jobs.items():
+    return _counted(hosts, jobs)
+
+
+def _counted(hosts: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fleet of `hosts` and `jobs` (each with its ranks): each job's relaunched and failed ranks (a rank that
+    is not among the hosts counts as failed), and the counts."""
+    for job in jobs.values():
         ranks = job["ranks"]
         job["relaunched"] = [name for name in ranks if hosts.get(name, {}).get("status") == "relaunched"]
         job["failed"] = [name for name in ranks if hosts.get(name, {"status": "failed"})["status"] == "failed"]
@@ -673,11 +679,7 @@ def merge_fleets(parts: Mapping[str, Any]) -> dict[str, Any]:
             f"merged"))
     for job in jobs.values():
         del job["from"]
-        job["relaunched"] = [name for name in job["ranks"] if hosts.get(name, {}).get("status") == "relaunched"]
-        job["failed"] = [name for name in job["ranks"] if hosts.get(name, {"status": "failed"})["status"] == "failed"]
-    statuses = [row["status"] for row in hosts.values()]
-    return {"hosts": hosts, "jobs": jobs, "counts": {status: statuses.count(status) for status in FLEET_STATUSES},
-            "parts": {name: len(fleet["hosts"]) for name, fleet in fleets.items()}}
+    return dict(_counted(hosts, jobs), parts={name: len(fleet["hosts"]) for name, fleet in fleets.items()})
 
 
 def failure_message(summary: Mapping[str, Any], job_name: str) -> str | None:
