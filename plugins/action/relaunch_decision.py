@@ -13,7 +13,8 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    RelaunchInputError, check_force, check_ranks, check_ranks_in_inventory, check_strategy, decide, rank_of,
+    RelaunchInputError, awx_job, check_force, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
+    decide, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, unknown_variables
@@ -93,6 +94,8 @@ class ActionModule(ActionBase):
         if ranks in (None, ""):
             return None
         check_ranks_in_inventory(host, ranks, _var(hostvars, host, "job_launch_ranks"))
+        # A rank that is not in the inventory at all (a sliced AWX job's other slice) has no hostvars to read.
+        check_ranks_in_slice(host, ranks, (task_vars.get("groups") or {}).get("all") or [], awx_job(task_vars))
         check_ranks(host, ranks, {name: _var(hostvars, name, "job_launch_ranks") for name in ranks},
                     play_hosts, list(task_vars.get("ansible_play_batch") or []))
         check_strategy(host, self._strategy())

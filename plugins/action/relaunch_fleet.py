@@ -9,9 +9,9 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import fleet_line, fleet_summary
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import awx_job, fleet_line, fleet_summary
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
-    FLEET_FILE, ReportError, report_dir, write_report,
+    FLEET_STATS_PREFIX, ReportError, fleet_file_name, fleet_part, report_dir, write_report,
 )
 
 display = Display()
@@ -52,17 +52,27 @@ class ActionModule(ActionBase):
         fleet = fleet_summary(summaries, failed_early=early)
         line = fleet_line(fleet)
         display.display(line, stderr=True)
+        stats = {"relaunch_fleet": fleet}
+        # A job of an AWX workflow (each slice of a sliced job template is one) is a part of its fleet: its file is
+        # its own (slices run at once and would replace each other's fleet.json), and so is a set_stats key, since
+        # AWX passes a workflow's artifacts on merged key by key, the last job to finish winning
+        # (awx/main/models/workflow.py WorkflowJob.get_effective_artifacts); fleet_merge merges the parts.
+        awx = awx_job(task_vars)
+        part = fleet_part(awx)
+        if part and str(awx["job"]).isdigit():
+            stats[f"{FLEET_STATS_PREFIX}{awx['job']}"] = fleet
         result.update(
             changed=False,
             msg=line,
             fleet=fleet,
+            part=part or None,
             ansible_facts={"relaunch_fleet": fleet},
-            ansible_stats={"data": {"relaunch_fleet": fleet}, "per_host": False, "aggregate": False},
+            ansible_stats={"data": stats, "per_host": False, "aggregate": False},
         )
         if args["summary_dir"]:
             try:
                 result["summary_path"] = write_report(report_dir(args["summary_dir"], bool(self._task.check_mode)),
-                                                      FLEET_FILE, fleet)
+                                                      fleet_file_name(part), fleet)
             except ReportError as exc:
                 return dict(result, failed=True, msg=f"summary_dir: {exc}")
         return result

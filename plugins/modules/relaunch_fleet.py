@@ -19,12 +19,22 @@ description:
     Displays one line (how many hosts, how many of each status, which failed; the whole summary shows at -v), sets the
     fact C(relaunch_fleet), the set_stats data C(relaunch_fleet), and with O(summary_dir) writes
     DIR/fleet.json on the controller (DIR/check/fleet.json in check mode, so that it never replaces a real run's).
+  - >-
+    In an AWX job that is a node of a workflow job (every slice job of a sliced job template is one; AWX passes
+    C(awx_job_id) and C(awx_workflow_job_id)), the fleet is a part of the run: the file is DIR/fleet-awx-workflow-W-job-J.json
+    (W the workflow job, J the job), so that slices running at once never replace each other's, and the fleet is also
+    the set_stats data C(gpuops_fleet_awx_job_J), since AWX passes a workflow's set_stats data on merged key by key
+    (the last job to finish wins C(relaunch_fleet)). M(gpuops.relaunch.fleet_merge) merges the parts into one. With
+    batches (C(serial)) the fleet is summed up after each batch over the hosts so far, so the last batch's file holds
+    them all.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.relaunch.attributes
   - gpuops.relaunch.attributes.info_module
   - gpuops.relaunch.attributes.controller_step
+seealso:
+  - module: gpuops.relaunch.fleet_merge
 options:
   summary_var:
     description: The fact holding each host's summary.
@@ -36,7 +46,8 @@ options:
     default: relaunch_decided
   summary_dir:
     description:
-      - When set, also write DIR/fleet.json on the controller (no host's summary file, DIR/HOST@JOB.json, can have that name).
+      - When set, also write DIR/fleet.json on the controller (no host's summary file, DIR/HOST@JOB.json, can have that name);
+        DIR/fleet-awx-workflow-W-job-J.json in an AWX job of a workflow job (a slice).
       - In check mode, DIR/check/fleet.json instead.
     type: str
     default: ""
@@ -64,6 +75,11 @@ summary_path:
   description: The JSON file written.
   returned: when O(summary_dir) is set
   type: str
+part:
+  description: The part of the run this fleet is (C(awx-workflow-W-job-J)), or null for a whole run.
+  returned: always
+  type: str
+  sample: awx-workflow-120-job-121
 msg:
   description: The fleet in one line.
   returned: always

@@ -134,6 +134,73 @@ def check_ranks(host: str, ranks: Any, layouts: Mapping[str, Any], play_hosts: S
             f"ranks: {'; '.join(problems)}. No rank of this job is relaunched.")
 
 
+# The variables AWX passes every job it runs (awx/main/models/unified_jobs.py UnifiedJob.awx_meta_vars and
+# jobs.py Job.awx_meta_vars, each under the prefixes of awx/main/constants.py JOB_VARIABLE_PREFIXES: awx_, tower_).
+AWX_PREFIXES = ("awx", "tower")
+
+
+def awx_job(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """What AWX tells a playbook about the job that runs it: {"job": id, "workflow_job": id or None,
+    "workflow_job_name": name or None}, or {} outside AWX (no awx_job_id / tower_job_id).
+
+    AWX passes no slice number or slice count: a slice job knows its own job id and, as every slice job is a
+    node of the sliced job's workflow job (awx/main/models/jobs.py JobTemplate.create_unified_job), that
+    workflow job's id and name; its slice number lives only in the job's record (job_slice_number)."""
+    for prefix in AWX_PREFIXES:
+        job = variables.get(f"{prefix}_job_id")
+        if job is not None and job != "":
+            workflow = variables.get(f"{prefix}_workflow_job_id")
+            name = variables.get(f"{prefix}_workflow_job_name")
+            return {"job": job, "workflow_job": workflow if workflow not in (None, "") else None,
+                    "workflow_job_name": name if name not in (None, "") else None}
+    return {}
+
+
+def check_ranks_in_slice(host: str, ranks: Any, inventory_hosts: Iterable[str], awx: Mapping[str, Any]) -> None:
+    """RelaunchInputError when a rank of this host's job is not in this run's inventory at all (not merely left
+    out by relaunch_hosts or --limit, which check_ranks names): the job must not run half-relaunched.
+
+    This is what a sliced AWX job template does to a job whose ranks fall into different slices: each slice
+    job's inventory holds only its share of the hosts (awx/main/models/inventory.py Inventory.get_script_data
+    with Inventory.get_sliced_hosts: the enabled hosts ordered by name, every Nth from the slice's number), with
+    every group but only that slice's hosts in them, and hostvars of that slice's hosts only; every slice that
+    holds a rank of the job refuses it the same way. `awx` is awx_job(variables) ({} outside AWX). A
+    `ranks` that is no list, or does not list this host, is left to check_ranks."""
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+        return
+    names = [str(name) for name in ranks]
+    inventory = set(inventory_hosts)
+    if host not in names:
+        return  # check_ranks names that
+    absent = [name for name in names if name not in inventory]
+    if not absent:
+        return
+    here = [name for name in names if name in inventory]
+    what = (f"{host}: job_launch_ranks ({', '.join(names)}): rank(s) {', '.join(absent)} are not in this run's "
+            f"inventory at all, only rank(s) {', '.join(here)} are")
+    todo = ("No rank of this job is relaunched: a multi-rank job never runs half-relaunched. Relaunch it from a job "
+            "template that is not sliced (job_slice_count 1) and holds all its ranks (for example one limited to "
+            "them), or let the event path relaunch it through such a template (a limit does not keep ranks together "
+            "in a sliced template: AWX slices the whole inventory, the limit applies inside each slice)")
+    if awx and awx.get("workflow_job") is not None:
+        named = f" ({awx['workflow_job_name']})" if awx.get("workflow_job_name") else ""
+        where = (
+            f"{what} (AWX job {awx['job']}, a node of workflow job {awx['workflow_job']}{named}). A sliced job "
+            f"template (job_slice_count above 1) runs as a workflow job whose slice jobs each get only their share "
+            f"of the inventory's hosts (every Nth host by name: AWX's Inventory.get_sliced_hosts), and AWX tells a "
+            f"slice job neither its slice number nor which slice holds a host. If this is such a slice, rank(s) "
+            f"{', '.join(absent)} are in other slice jobs of workflow job {awx['workflow_job']}, which refuse this "
+            f"job the same way; if not, they are not in the inventory. {todo}")
+    elif awx:
+        where = (f"{what} (AWX job {awx['job']}, which is no slice: it belongs to no workflow job). Name the job's "
+                 f"ranks by their inventory hostnames. No rank of this job is relaunched")
+    else:
+        where = (f"{what}: a misspelt hostname, a rank of another inventory, or one slice of a sliced job, which holds "
+                 f"only its share of the hosts. Name the job's ranks by their inventory hostnames, in one inventory. "
+                 f"{todo}")
+    raise RelaunchInputError(escape_controls(where) + ".")
+
+
 # Strategies under which every host finishes a task before any host starts the next: the ranks' barriers
 # (ranks_barrier.yml, ranks_launched.yml) read the other ranks' marks set by the task before.
 BARRIER_STRATEGIES = frozenset(("linear", "ansible.builtin.linear", "debug", "ansible.builtin.debug"))
@@ -544,7 +611,13 @@ def fleet_summary(summaries: Mapping[str, Mapping[str, Any] | None],
             ranks = [str(name) for name in rank.get("ranks") or []]
             if ranks:
                 jobs.setdefault(ranks[0], {"ranks": ranks})
-    for first, job in jobs.items():
+    return _counted(hosts, jobs)
+
+
+def _counted(hosts: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fleet of `hosts` and `jobs` (each with its ranks): each job's relaunched and failed ranks (a rank that
+    is not among the hosts counts as failed), and the counts."""
+    for job in jobs.values():
         ranks = job["ranks"]
         job["relaunched"] = [name for name in ranks if hosts.get(name, {}).get("status") == "relaunched"]
         job["failed"] = [name for name in ranks if hosts.get(name, {"status": "failed"})["status"] == "failed"]
@@ -559,6 +632,78 @@ def fleet_line(fleet: Mapping[str, Any]) -> str:
     failed = [host for host, row in (fleet.get("hosts") or {}).items() if row.get("status") == "failed"]
     tail = f" (failed: {', '.join(failed)})" if failed else ""
     return escape_controls(f"{len(fleet.get('hosts') or {})} host(s): {', '.join(parts) or 'none'}{tail}")
+
+
+class FleetError(ValueError):
+    """Fleets that cannot be merged into one truthful view (the message says which and why)."""
+
+
+def _check_fleet(name: str, fleet: Any) -> Mapping[str, Any]:
+    """`fleet` when it is a fleet summary (fleet_summary's shape, its counts those of its hosts), else FleetError."""
+    why = None
+    if not isinstance(fleet, Mapping):
+        why = f"it is a JSON {type(fleet).__name__}, not an object"
+    elif not all(isinstance(fleet.get(key), Mapping) for key in ("hosts", "jobs", "counts")):
+        why = "it lacks hosts, jobs or counts"
+    else:
+        rows = fleet["hosts"]
+        bad = [host for host, row in rows.items() if not isinstance(row, Mapping) or row.get("status") not in FLEET_STATUSES]
+        statuses = [row["status"] for host, row in rows.items() if host not in bad]
+        if bad:
+            why = f"host(s) {', '.join(map(str, bad[:5]))} have no status of a fleet ({', '.join(FLEET_STATUSES)})"
+        elif dict(fleet["counts"]) != {status: statuses.count(status) for status in FLEET_STATUSES}:
+            why = f"its counts {_short(fleet['counts'])} are not those of its {len(rows)} host(s)"
+        elif not all(isinstance(job, Mapping) and isinstance(job.get("ranks"), list) for job in fleet["jobs"].values()):
+            why = "a job of it has no list of ranks"
+    if why:
+        raise FleetError(escape_controls(f"{name}: not a fleet summary of gpuops.relaunch.relaunch_fleet: {why}"))
+    return fleet
+
+
+def _short(value: Any) -> str:
+    """A short, printable rendering of `value` for a message."""
+    text = repr(value)
+    return escape_controls(text if len(text) <= 200 else text[:200] + "...")
+
+
+def merge_fleets(parts: Mapping[str, Any]) -> dict[str, Any]:
+    """One fleet from the fleets of parts of one run (e.g. the slices of a sliced AWX job), keyed by where each
+    came from (a file name, a variable): hosts and jobs united, each job's relaunched and failed ranks and the
+    counts recounted over all of them (so the counts are the sum of the parts'), and `parts`: each part's number
+    of hosts. FleetError when a part is no fleet summary, when there is no part, or when a host is in two parts
+    (its line would count twice; the slices of one sliced job never share a host) or a job's ranks differ between
+    parts; nothing is merged then."""
+    if not parts:
+        raise FleetError("no fleet summary to merge")
+    fleets = {name: _check_fleet(name, fleet) for name, fleet in parts.items()}
+    seen: dict[str, str] = {}
+    overlaps: dict[str, list[str]] = {}
+    hosts: dict[str, Any] = {}
+    jobs: dict[str, dict[str, Any]] = {}
+    for name, fleet in fleets.items():
+        for host, row in fleet["hosts"].items():
+            if host in seen:
+                overlaps.setdefault(host, [seen[host]]).append(name)
+                continue
+            seen[host] = name
+            hosts[host] = dict(row)
+        for first, job in fleet["jobs"].items():
+            ranks = [str(rank) for rank in job["ranks"]]
+            known = jobs.setdefault(str(first), {"ranks": ranks, "from": name})
+            if known["ranks"] != ranks:
+                raise FleetError(escape_controls(
+                    f"the job of rank 0 {first} lists ranks {', '.join(known['ranks'])} in {known['from']} and "
+                    f"{', '.join(ranks)} in {name}: these are not parts of one run"))
+    if overlaps:
+        listed = "; ".join(f"{host} in {', '.join(names)}" for host, names in sorted(overlaps.items())[:10])
+        more = f" and {len(overlaps) - 10} more" if len(overlaps) > 10 else ""
+        raise FleetError(escape_controls(
+            f"{len(overlaps)} host(s) are in more than one fleet summary ({listed}{more}): merged, they would count "
+            f"twice. Merge the parts of one run only (the slices of one sliced job never share a host); nothing was "
+            f"merged"))
+    for job in jobs.values():
+        del job["from"]
+    return dict(_counted(hosts, jobs), parts={name: len(fleet["hosts"]) for name, fleet in fleets.items()})
 
 
 def failure_message(summary: Mapping[str, Any], job_name: str) -> str | None:

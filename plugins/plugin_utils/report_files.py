@@ -4,10 +4,13 @@
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import json
 import os
+import stat
 import tempfile
-from typing import Any
+from typing import Any, Mapping
 
 
 class ReportError(Exception):
@@ -16,6 +19,14 @@ class ReportError(Exception):
 
 # The fleet's file: no summary file's name (HOST@JOB.json, with one '@') can be it.
 FLEET_FILE = "fleet.json"
+# A part of a fleet (one job of an AWX workflow, e.g. one slice of a sliced job template): fleet-PART.json, with no
+# '@' either, so that parallel jobs writing into one directory never replace each other's fleet.
+FLEET_PART_PREFIX = "fleet-"
+# The set_stats key of a part's fleet: gpuops_fleet_awx_job_ID (the AWX job's id), unique in a workflow. Not
+# relaunch_*: a later relaunch in the workflow gets it as an extra var, and relaunch_* names are checked there.
+FLEET_STATS_PREFIX = "gpuops_fleet_awx_job_"
+# A fleet file larger than this is no fleet file of ours (10,000 hosts make about 3 MB).
+MAX_REPORT_BYTES = 64 * 1024 * 1024
 # Check mode's reports go to DIR/check/, so that they never replace a real run's (no report file is a directory).
 CHECK_DIR = "check"
 # What a file name part keeps as it is. Upper case is encoded too: on a file system that folds case (macOS'
@@ -68,3 +79,73 @@ def write_report(directory: str, name: str, data: Any) -> str:
     except (OSError, TypeError, ValueError) as exc:
         raise ReportError(f"cannot write {path}: {exc}") from None
     return path
+
+
+def fleet_part(awx: Mapping[str, Any]) -> str:
+    """The part of a fleet a run is, by what AWX tells it (relaunch_flow.awx_job): "" (the whole fleet: outside
+    AWX, or an AWX job of no workflow, which no other job shares a fleet with) or, for a job that is a node of a
+    workflow job (every slice job of a sliced job template is), "awx-workflow-W-job-J"."""
+    if not awx or awx.get("workflow_job") is None:
+        return ""
+    return f"awx-workflow-{awx['workflow_job']}-job-{awx['job']}"
+
+
+def fleet_file_name(part: str = "") -> str:
+    """The fleet file of a part (fleet_part): fleet.json for the whole fleet, else fleet-PART.json (PART encoded
+    as file_name_part). No summary file's name (one '@') can be either."""
+    return f"{FLEET_PART_PREFIX}{file_name_part(part)}.json" if part else FLEET_FILE
+
+
+def workflow_part_pattern(workflow_job: str) -> str:
+    """The fnmatch pattern of the fleet files of every job of an AWX workflow job (its slices)."""
+    return f"{FLEET_PART_PREFIX}{file_name_part(f'awx-workflow-{workflow_job}-job-')}*.json"
+
+
+def plain_file_name(name: str, what: str) -> str:
+    """`name` when it names a file inside a directory (no '/', not '.' or '..', no NUL), else ReportError."""
+    if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
+        raise ReportError(f"{what} must be a file name inside the directory, not {json.dumps(name)}")
+    return name
+
+
+def list_reports(directory: str, pattern: str) -> list[str]:
+    """The names in `directory` that match the fnmatch `pattern` (case-sensitive), sorted."""
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        raise ReportError(f"cannot list {directory}: {exc.strerror or exc}") from None
+    return sorted(name for name in names if fnmatch.fnmatchcase(name, pattern))
+
+
+def read_report(directory: str, name: str) -> Any:
+    """The JSON of DIRECTORY/NAME, which must be a regular file (a symlink is not followed: an error, as a
+    directory, a FIFO or a device is) of at most MAX_REPORT_BYTES. ReportError says which file and why."""
+    path = os.path.join(directory, plain_file_name(name, "a report file"))
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ReportError(f"cannot open the directory {directory}: {exc.strerror or exc}") from None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ReportError(f"{path} is a symbolic link, not a report file (links are not followed)") from None
+        raise ReportError(f"cannot open {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # before fdopen, which refuses a directory with its own error
+            raise ReportError(f"{path} is not a regular file")
+        if info.st_size > MAX_REPORT_BYTES:
+            raise ReportError(f"{path} is {info.st_size} bytes, more than a report has ({MAX_REPORT_BYTES})")
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            data = stream.read(MAX_REPORT_BYTES + 1)
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ReportError(f"{path} is not JSON: {exc}") from None

@@ -40,11 +40,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 # The container-reset job reuses the end-to-end test's lab: `lab` and `pct_host` are its pytest
 # fixtures, and `pct_ssh` (the session's test sshd) is what `pct_host` asks for; importing them is
 # what makes them available here.
+from tests.harness.awx_slices import awx_meta_vars, slice_inventory, sliced_hosts
 from tests.harness.pct_sshd import pct_ssh  # noqa: F401  pylint: disable=unused-import
 from tests.harness.pidns import PidNamespace, pid_namespace
 from tests.integration.test_relaunch_e2e import (  # noqa: F401  pylint: disable=unused-import
     HOSTNAME, VMID, job_processes, lab, needs_sshd, pct_host, posts, relaunch_vars, running_job, start_stale_run,
 )
+from tests.integration.test_relaunch_ranks import host_vars as ranks_host_vars
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -389,12 +391,20 @@ def _project_update(pdd: Path) -> AwxJob:
 
 
 def _write_job(job: AwxJob, inventory: dict[str, Any], cred_env: dict[str, str], cred_extra: dict[str, Any],
-               hosts: str, local_tmp: Path) -> None:
+               hosts: str, local_tmp: Path, script: bool = False) -> None:
     """inventory/hosts; env/envvars: the credential's injection and what AWX adds for the project's
     collections; env/extravars: the survey's defaults, `hosts` as its Hosts answer, and the
-    credential's extra vars."""
+    credential's extra vars. With `script`, `inventory` is an inventory script's JSON, written as AWX
+    writes it (awx/main/tasks/jobs.py BaseTask.write_inventory_file: a Python script that prints it, 0700)."""
     (job.pdd / "inventory").mkdir()
-    (job.pdd / "inventory" / "hosts").write_text(yaml.safe_dump(inventory), encoding="utf-8")
+    if script:
+        path = job.pdd / "inventory" / "hosts"
+        path.write_text(f"#! /usr/bin/env python3\n# -*- coding: utf-8 -*-\nprint({json.dumps(inventory)!r})\n",
+                        encoding="utf-8")
+        path.chmod(0o700)
+    else:
+        (job.pdd / "inventory" / "hosts").write_text(yaml.safe_dump(inventory), encoding="utf-8")
+    (job.pdd / "env").mkdir(exist_ok=True)
     envvars = dict(cred_env, ANSIBLE_COLLECTIONS_PATH=str(job.collections), ANSIBLE_LOCAL_TEMP=str(local_tmp))
     (job.pdd / "env" / "envvars").write_text(yaml.safe_dump(envvars), encoding="utf-8")
     survey_answers = {item["variable"]: item["default"] for item in SURVEY["spec"] if item["default"] != ""}
@@ -402,11 +412,12 @@ def _write_job(job: AwxJob, inventory: dict[str, Any], cred_env: dict[str, str],
     (job.pdd / "env" / "extravars").write_text(yaml.safe_dump(dict(survey_answers, **cred_extra)), encoding="utf-8")
 
 
-def _run_job(job: AwxJob, ns: PidNamespace, ident: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """ansible-runner runs playbooks/relaunch.yml from the private data directory, inside `ns`."""
+def _run_job(job: AwxJob, ns: PidNamespace, ident: str, env: dict[str, str],
+             playbook: str = "playbooks/relaunch.yml") -> subprocess.CompletedProcess:
+    """ansible-runner runs `playbook` from the private data directory, inside `ns`."""
     inside = ["nsenter", f"--target={ns.init_pid}", "--pid", "--mount", "--"]
     return subprocess.run(
-        [*inside, str(BIN / "ansible-runner"), "run", str(job.pdd), "-p", "playbooks/relaunch.yml", "--ident", ident],
+        [*inside, str(BIN / "ansible-runner"), "run", str(job.pdd), "-p", playbook, "--ident", ident],
         env=env, capture_output=True, text=True, timeout=400, check=False,
     )
 
@@ -597,3 +608,86 @@ def test_relaunch_through_ansible_runner_as_awx_resets_the_container(lab, pct_ho
     assert int(summary["job"]["pid"]) == int(launch["pid"])
     _assert_roles_from_the_project_update(job, events)
     _assert_secret_never_shown(artifacts, token_secret)
+
+
+# --- (e) a sliced job template: one ansible-runner job per slice, and the fleet merged after ---------
+# AWX runs a sliced job template (job_slice_count N) as a workflow job of N slice jobs at once, each over
+# its share of the inventory (tests/harness/awx_slices.py: AWX's rule) with AWX's meta variables (a job id,
+# its workflow job's id; no slice number). Here: an independent host and a job of two ranks whose ranks
+# fall into different slices. The merge runs as the workflow's next node does: its extra vars are the
+# slices' set_stats data, merged as AWX merges them (awx/main/models/workflow.py
+# WorkflowJob.get_effective_artifacts: dict.update in the order the jobs finished).
+WORKFLOW_JOB = 100
+
+
+@pytest.mark.slow
+def test_a_sliced_job_template_relaunches_independent_hosts_and_refuses_a_job_split_across_slices(tmp_path):
+    shared = _project_update(tmp_path / "project-update")
+    hosts = {"a-solo": ranks_host_vars(tmp_path, "a-solo", None)}
+    hosts.update({name: ranks_host_vars(tmp_path, name, ["r0", "r1"]) for name in ("r0", "r1")})
+    reports = tmp_path / "reports"
+    assert [sliced_hosts(hosts, number, 2) for number in (1, 2)] == [["a-solo", "r1"], ["r0"]]
+
+    def slice_job(number: int) -> AwxJob:
+        pdd = tmp_path / f"slice-{number}"
+        pdd.mkdir()
+        (pdd / "project").symlink_to(shared.project)
+        job = AwxJob(pdd, shared.project, shared.collections, shared.installed)
+        extra = dict(awx_meta_vars(WORKFLOW_JOB + number, WORKFLOW_JOB, "relaunch"), relaunch_summary_dir=str(reports))
+        _write_job(job, slice_inventory(hosts, {}, number, 2), {}, extra, "all", tmp_path / "local-tmp", script=True)
+        return job
+
+    jobs = {number: slice_job(number) for number in (1, 2)}
+    trainer = hosts["a-solo"]["job_launch_command"][1]
+    with pid_namespace() as ns:
+        runs = {number: _run_job(job, ns, f"slice-{number}", _base_env()) for number, job in jobs.items()}
+        assert _processes_naming(trainer), runs[1].stdout[-3000:]  # the independent host's job runs
+    events = {number: _events(job.pdd / "artifacts" / f"slice-{number}") for number, job in jobs.items()}
+    for number, run in runs.items():
+        assert "Traceback" not in run.stdout + run.stderr, run.stdout[-4000:]
+        assert run.returncode == 2, run.stdout[-4000:]  # a refused rank fails its host, after the fleet summary
+
+    # Each slice refused its rank of the split job, naming the rank in the other slice, before anything
+    # started (no rank's job was looked at, let alone launched); the independent host relaunched.
+    refusals = {}
+    for number in (1, 2):
+        for event in _task_events(events[number], action="gpuops.relaunch.relaunch_decision", kinds=("runner_on_ok",)):
+            res = event["event_data"]["res"]
+            if event["event_data"]["host"] in ("r0", "r1"):
+                summary = res["ansible_facts"]["relaunch_summary"]
+                assert res["probe"] is None and summary["failed"] and not summary["relaunched"], res
+                refusals[event["event_data"]["host"]] = summary["failed"]
+    assert set(refusals) == {"r0", "r1"}
+    assert ("rank(s) r0 are not in this run's inventory at all, only rank(s) r1 are (AWX job 101, a node of workflow "
+            "job 100 (relaunch))") in refusals["r1"]
+    assert "rank(s) r1 are not in this run's inventory at all, only rank(s) r0 are (AWX job 102" in refusals["r0"]
+    assert all("other slice jobs of workflow job 100" in text for text in refusals.values())
+    assert not any(Path(hosts[name]["job_launch_state_dir"]).exists() for name in ("r0", "r1"))
+    stats = {number: _stats(events[number])["artifact_data"] for number in (1, 2)}
+    assert stats[1]["relaunch_summary"]["a-solo"]["relaunched"] is True
+
+    # Each slice wrote its own part of the fleet; none replaced another's, and there is no fleet.json.
+    parts = sorted(path.name for path in reports.glob("fleet*.json"))
+    assert parts == ["fleet-awx-workflow-100-job-101.json", "fleet-awx-workflow-100-job-102.json"]
+    assert stats[1]["gpuops_fleet_awx_job_101"]["counts"]["relaunched"] == 1
+    assert set(stats[2]["gpuops_fleet_awx_job_102"]["hosts"]) == {"r0"}
+
+    # The workflow's next node: AWX passes the slices' set_stats data on, key by key, the last to finish
+    # winning relaunch_fleet (here slice 2's: one host); fleet_merge makes one fleet of the parts.
+    passed_on: dict[str, Any] = {}
+    for number in (1, 2):
+        passed_on.update(stats[number])
+    assert set(passed_on["relaunch_fleet"]["hosts"]) == {"r0"}
+    merge = AwxJob(tmp_path / "merge", shared.project, shared.collections, shared.installed)
+    merge.pdd.mkdir()
+    (merge.pdd / "project").symlink_to(shared.project)
+    local = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
+    _write_job(merge, {"all": {"hosts": local}}, {}, dict(passed_on, relaunch_summary_dir=str(reports)), "all",
+               tmp_path / "local-tmp")
+    with pid_namespace() as ns:
+        run = _run_job(merge, ns, "merge", _base_env(), playbook="playbooks/fleet_merge.yml")
+    assert run.returncode == 0, run.stdout[-4000:]
+    merged = _stats(_events(merge.pdd / "artifacts" / "merge"))["artifact_data"]["relaunch_fleet"]
+    assert merged["counts"] == {"relaunched": 1, "unchanged": 0, "refused": 0, "failed": 2, "would_relaunch": 0}
+    assert merged["parts"] == {"gpuops_fleet_awx_job_101": 2, "gpuops_fleet_awx_job_102": 1}
+    assert json.loads((reports / "fleet.json").read_text(encoding="utf-8")) == merged

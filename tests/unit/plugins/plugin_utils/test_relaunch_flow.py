@@ -15,6 +15,8 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
     CHECK_DIR, FLEET_FILE, ReportError, file_name_part, report_dir, summary_file_name, write_report,
 )
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import awx_job, check_ranks_in_slice
+from tests.harness.awx_slices import awx_meta_vars, slice_inventory, sliced_hosts
 
 
 def probe(action: str = "none", state: str = "running", why: str = "w", resume: bool = False) -> dict:
@@ -164,6 +166,67 @@ def test_rank_zero_gives_the_address_and_port():
     rank = rank_of("b", ["a", "b"], {"ansible_host": "10.0.0.1"})
     assert rank.env() == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "1", "NNODES": "2"}
     assert rank_of("a", ["a"], {"job_launch_master_addr": "m", "job_launch_master_port": 1234}).env()["MASTER_PORT"] == "1234"
+
+
+# --- a sliced AWX job (issue 27, item 2) -------------------------------------------------------------
+
+SLICED = {"a-solo": {}, "r0": {"job_launch_ranks": ["r0", "r1"]}, "r1": {"job_launch_ranks": ["r0", "r1"]},
+          "r2": {"job_launch_ranks": ["r2", "r3"]}, "r3": {"job_launch_ranks": ["r2", "r3"]}, "z-off": {"enabled": False}}
+
+
+def test_awx_slices_follow_awx_rule_every_nth_enabled_host_by_name():
+    assert [sliced_hosts(SLICED, k, 2) for k in (1, 2)] == [["a-solo", "r1", "r3"], ["r0", "r2"]]
+    assert sliced_hosts(SLICED, 1, 1) == ["a-solo", "r0", "r1", "r2", "r3"]
+    inventory = slice_inventory(SLICED, {"gpus": ["r0", "r1"], "idle": ["z-off"]}, 2, 2)
+    assert inventory["gpus"] == {"hosts": ["r0"]} and "idle" not in inventory and set(inventory["_meta"]["hostvars"]) == {
+        "r0", "r2"}
+
+
+def test_a_job_whose_ranks_fall_into_different_slices_is_refused_in_every_slice_that_holds_one():
+    messages = {}
+    for number in (1, 2):
+        inventory = sliced_hosts(SLICED, number, 2)
+        awx = awx_job(awx_meta_vars(100 + number, 100, "relaunch"))
+        for host in inventory:
+            ranks = SLICED[host].get("job_launch_ranks")
+            if not ranks:
+                continue
+            with pytest.raises(RelaunchInputError) as raised:
+                check_ranks_in_slice(host, ranks, inventory, awx)
+            messages[host] = str(raised.value)
+    assert set(messages) == {"r0", "r1", "r2", "r3"}
+    assert messages["r1"].startswith("r1: job_launch_ranks (r0, r1): rank(s) r0 are not in this run's inventory at "
+                                     "all, only rank(s) r1 are (AWX job 101, a node of workflow job 100 (relaunch)).")
+    assert "r1 are not in this run's inventory at all, only rank(s) r0 are (AWX job 102" in messages["r0"]
+    for message in messages.values():
+        assert "other slice jobs of workflow job 100" in message and "Inventory.get_sliced_hosts" in message
+        assert "No rank of this job is relaunched" in message and "job_slice_count 1" in message
+        assert "event path" in message
+
+
+def test_ranks_in_one_slice_and_ranks_only_left_out_by_the_limit_pass_to_check_ranks():
+    awx = awx_job(awx_meta_vars(7, 6, "t"))
+    check_ranks_in_slice("r0", ["r0", "r1"], ["a-solo", "r0", "r1"], awx)
+    check_ranks_in_slice("r0", ["r0", "r1"], ["r0", "r1"], {})
+    # Not a list, or not listing this host: check_ranks says so.
+    check_ranks_in_slice("r0", "r0,r1", ["r0"], awx)
+    check_ranks_in_slice("x", ["r0", "r1"], ["x"], awx)
+
+
+def test_a_rank_missing_from_the_inventory_outside_awx_or_outside_a_workflow_is_named_as_such():
+    with pytest.raises(RelaunchInputError) as raised:
+        check_ranks_in_slice("r0", ["r0", "r\x1b[2J1"], ["r0"], {})
+    assert "not in this run's inventory at all" in str(raised.value) and "misspelt hostname" in str(raised.value)
+    with pytest.raises(RelaunchInputError) as raised:
+        check_ranks_in_slice("r0", ["r0", "r\x1b[2J1"], ["r0"], awx_job(awx_meta_vars(7, None, "t")))
+    assert "(AWX job 7, which is no slice: it belongs to no workflow job)" in str(raised.value)
+    assert "\x1b" not in str(raised.value) and "r\\x1b[2J1" in str(raised.value)
+
+
+def test_awx_job_reads_either_prefix_and_nothing_outside_awx():
+    assert awx_job({}) == {} and awx_job({"awx_job_id": ""}) == {}
+    assert awx_job({"tower_job_id": 5}) == {"job": 5, "workflow_job": None, "workflow_job_name": None}
+    assert awx_job(awx_meta_vars(9, 8, "n")) == {"job": 9, "workflow_job": 8, "workflow_job_name": "n"}
 
 
 def reaped(escalation: str, reasons=()) -> dict:
