@@ -10,8 +10,9 @@ cases run in this order.
 
 The hosts are four inventory names for one PID namespace whose init never reaps (nsenter connection):
 every signal stays inside it. gpu1 runs a healthy job, gpu2 a job that crashes about 3 s after each
-start, rank-a and rank-b the two ranks of one job that meet on loopback. Each relaunch case prints its failure-to-running latency, split into detection (the failure ->
-the rulebook received the alert) and relaunch (received -> the relaunch proved the new run started).
+start, rank-a and rank-b the two ranks of one job that meet on loopback. Each relaunch case prints its
+failure-to-running latency, split into detection (the failure -> the rulebook received the alert) and
+relaunch (received -> the relaunch proved the new run started).
 """
 
 from __future__ import annotations
