@@ -13,7 +13,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    RelaunchInputError, awx_job, check_force, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
+    FLEET_WIDE, RelaunchInputError, awx_job, check_fleet_wide, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
     decide, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
@@ -87,8 +87,11 @@ class ActionModule(ActionBase):
         """This host's rank (None: a job of one host), after the checks that need the play."""
         hostvars = task_vars.get("hostvars", {})
         play_hosts = [str(name) for name in task_vars.get("ansible_play_hosts_all") or []]
-        check_force(args["force"], lambda name: _forced(_var(hostvars, name, "relaunch_force")), play_hosts,
-                    "relaunch_hosts" in task_vars or task_vars.get("ansible_limit") is not None)
+        named = "relaunch_hosts" in task_vars or task_vars.get("ansible_limit") is not None
+        for variable in FLEET_WIDE:
+            here = args["force"] if variable == "relaunch_force" else _true(
+                self._templar.template(task_vars.get(variable)))
+            check_fleet_wide(variable, here, lambda name, v=variable: _true(_var(hostvars, name, v)), play_hosts, named)
         # No ranks: None, or "" - ansible-core before 2.19 renders a template whose whole value is None as "".
         ranks = args["ranks"]
         if ranks in (None, ""):
@@ -172,7 +175,7 @@ def _rank_host(look: Mapping[str, Any]) -> str | None:
     return str(ranks[index])
 
 
-def _forced(value: Any) -> bool:
+def _true(value: Any) -> bool:
     try:
         return bool(boolean(value or False, strict=False))
     except TypeError:

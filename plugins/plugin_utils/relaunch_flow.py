@@ -221,21 +221,35 @@ def check_strategy(host: str, strategy: str | None) -> None:
 # --- the decision ---------------------------------------------------------------------------------
 
 
-def check_force(force: bool, forced: Callable[[str], bool], play_hosts: Sequence[str], hosts_named: bool) -> None:
-    """A force on every host of the play (e.g. -e relaunch_force=true) restarts every healthy job of the
-    fleet: that needs the hosts said explicitly (relaunch_hosts or --limit), so that a typo such as
-    -e relaunch_host=x never forces a whole inventory.
+# The variables that, true on every host of the play (an extra var, an AWX survey answer with no hosts
+# chosen), act on the whole fleet: what each does to a host, and how to say it for some hosts only.
+FLEET_WIDE = {
+    "relaunch_force": ("force", "relaunch_hosts=all to force the whole inventory), or set relaunch_force per host "
+                                "in the inventory"),
+    "job_launch_reset_guard": ("reset the crash-loop guard of", "relaunch_hosts=all to reset the guard of every job, "
+                                                               "which lets every crash loop relaunch again)"),
+}
 
-    `forced(host)` answers for another host of the play; it is asked only on a forced host whose hosts
-    were not named, and only until the first host that is not forced: a run without a force reads no
-    other host's variables (a per-host cost that does not grow with the fleet)."""
-    if not force or hosts_named or not play_hosts:
+
+def check_fleet_wide(variable: str, here: bool, there: Callable[[str], bool], play_hosts: Sequence[str],
+                     hosts_named: bool) -> None:
+    """A FLEET_WIDE variable true on every host of the play (e.g. -e relaunch_force=true restarts every
+    healthy job of the fleet; -e job_launch_reset_guard=true lets every crash loop relaunch again) needs
+    the hosts said explicitly (relaunch_hosts or --limit), so that a typo such as -e relaunch_host=x, or
+    an AWX survey answered without choosing hosts, never reaches a whole inventory.
+
+    `here`: its value on this host; `there(host)` answers for another host of the play. It is asked only
+    where the variable is true here and the hosts were not named, and only until the first host where it
+    is not: a run without it reads no other host's variables (a per-host cost that does not grow with
+    the fleet)."""
+    if not here or hosts_named or not play_hosts:
         return
-    if all(forced(host) for host in play_hosts):
+    if all(there(host) for host in play_hosts):
+        does, otherwise = FLEET_WIDE[variable]
         raise RelaunchInputError(
-            f"relaunch_force is true on every host of the play ({len(play_hosts)}), and neither relaunch_hosts nor --limit "
-            f"says which hosts to force: nothing was changed. Name the hosts with -e relaunch_hosts=HOSTS or --limit "
-            f"HOSTS (relaunch_hosts=all to force the whole inventory), or set relaunch_force per host in the inventory.")
+            f"{variable} is true on every host of the play ({len(play_hosts)}), and neither relaunch_hosts nor --limit "
+            f"says which hosts to {does}: nothing was changed. Name the hosts with -e relaunch_hosts=HOSTS or --limit "
+            f"HOSTS ({otherwise}.")
 
 
 def decide(probe: Mapping[str, Any], rank: Rank | None = None,

@@ -149,7 +149,9 @@ VARIABLES: tuple[RoleVar, ...] = (
          notes=("Unlike the module (no limit unless asked), the role sets one - it is what runs unattended; null, no limit.",)),
     _opt(_TL, "relaunch_window", default=3600),
     _opt(_TL, "reset_guard", default=False,
-         notes=("The way past a refusal by the crash-loop guard once its cause is fixed.",)),
+         notes=("The way past a refusal by the crash-loop guard once its cause is fixed.",
+                "True on every host of the relaunch's play (an extra var), it needs C(relaunch_hosts) or C(--limit) "
+                "naming the hosts: the relaunch role refuses it otherwise, before anything runs.")),
     RoleVar("job_launch_probe", roles=("job_launch:main",), type="bool", default=False, description=(
         "Ask, do not act: run the role in check mode (apply C(check_mode=true) to the include) and do not count "
         "what it would do as a change. The answer is C(job_launch_result.operation) (V(none), V(start) or "

@@ -241,6 +241,10 @@ def test_survey_follows_awx_schema_and_names_documented_variables() -> None:
         if item["type"] in {"integer", "float"} and item["default"] != "":
             assert item["min"] <= item["default"] <= item["max"], item
     assert {"relaunch_hosts", "relaunch_force"} <= set(variables)
+    # The hosts are typed at every launch: a default of all would make a force or a guard reset answered in the
+    # survey fleet-wide without anyone naming the fleet (relaunch_decision refuses that only where no hosts are named).
+    hosts = next(item for item in SURVEY["spec"] if item["variable"] == "relaunch_hosts")
+    assert hosts["required"] is True and hosts["default"] == ""
     # Left blank, AWX passes no relaunch_force, so each host's inventory relaunch_force decides: an
     # answer of "false" (the default once) was an extra var that overrode a host_vars true.
     force = next(item for item in SURVEY["spec"] if item["variable"] == "relaunch_force")

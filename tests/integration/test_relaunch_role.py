@@ -126,6 +126,12 @@ def test_a_forced_relaunch_through_the_role_restarts_the_named_host_only(cluster
     refusal = everywhere.result("Look at the job and decide whether to relaunch it", HOSTS[0])
     assert "neither relaunch_hosts nor --limit" in refusal["msg"]
     assert refusal.get("failed") is True
+    # The crash-loop guard's reset alike (an AWX survey answered without choosing hosts): refused, fleet-wide.
+    reset = run_playbook(users_play(""), inventory=cluster["inventory"], extra_vars={"job_launch_reset_guard": True},
+                         extra_args=["--skip-tags", "other"])
+    assert reset.rc != 0
+    refusal = reset.result("Look at the job and decide whether to relaunch it", HOSTS[0])
+    assert refusal["msg"].startswith("job_launch_reset_guard is true on every host of the play"), refusal["msg"]
 
 
 def test_each_include_is_its_own_relaunch_and_writes_its_own_file(tmp_path):

@@ -9,7 +9,7 @@ from urllib.parse import unquote
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    FAILED_EARLY, FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, alerted_job_hosts, check_force, check_ranks, check_ranks_in_inventory,
+    FAILED_EARLY, FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, alerted_job_hosts, check_fleet_wide, check_ranks, check_ranks_in_inventory,
     check_strategy, clearance, decide, failure_message, fleet_line, fleet_summary, host_summary, outcome_line, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
@@ -129,9 +129,11 @@ def test_a_forced_relaunch_of_healthy_ranks_does_not_resume():
     assert decide(probes["a"], RANKS, probes)["resume_mode"] is None
 
 
+@pytest.mark.parametrize("variable, does", [("relaunch_force", "to force"),
+                                            ("job_launch_reset_guard", "to reset the crash-loop guard of")])
 @pytest.mark.parametrize("forced, hosts, named, refused", [
     (4, 4, False, True), (4, 4, True, False), (3, 4, False, False), (0, 0, False, False)])
-def test_a_force_on_every_host_needs_the_hosts_named(forced, hosts, named, refused):
+def test_a_force_or_a_guard_reset_on_every_host_needs_the_hosts_named(variable, does, forced, hosts, named, refused):
     play = [f"h{index}" for index in range(hosts)]
     asked: list[str] = []
 
@@ -139,15 +141,17 @@ def test_a_force_on_every_host_needs_the_hosts_named(forced, hosts, named, refus
         asked.append(host)
         return play.index(host) < forced
     if refused:
-        with pytest.raises(RelaunchInputError, match="relaunch_hosts nor --limit"):
-            check_force(True, is_forced, play, named)
+        with pytest.raises(RelaunchInputError) as raised:
+            check_fleet_wide(variable, True, is_forced, play, named)
+        assert str(raised.value).startswith(f"{variable} is true on every host of the play (4), and neither "
+                                            f"relaunch_hosts nor --limit says which hosts {does}: nothing was changed")
     else:
-        check_force(True, is_forced, play, named)
+        check_fleet_wide(variable, True, is_forced, play, named)
     # The others are asked only until the first that is not forced (3 of 4: up to h3).
     assert len(asked) <= (0 if named else min(forced + 1, hosts))
     asked.clear()
-    check_force(False, is_forced, play, named)
-    assert not asked, "a run without a force reads no other host's variables"
+    check_fleet_wide(variable, False, is_forced, play, named)
+    assert not asked, "a run without it reads no other host's variables"
 
 
 def test_rank_layout_problems_are_each_named():
