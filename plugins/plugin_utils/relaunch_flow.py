@@ -224,10 +224,12 @@ def check_strategy(host: str, strategy: str | None) -> None:
 # The variables that, true on every host of the play (an extra var, an AWX survey answer with no hosts
 # chosen), act on the whole fleet: what each does to a host, and how to say it for some hosts only.
 FLEET_WIDE = {
-    "relaunch_force": ("force", "relaunch_hosts=all to force the whole inventory), or set relaunch_force per host "
-                                "in the inventory"),
-    "job_launch_reset_guard": ("reset the crash-loop guard of", "relaunch_hosts=all to reset the guard of every job, "
-                                                               "which lets every crash loop relaunch again)"),
+    "relaunch_force": (
+        "force",
+        "relaunch_hosts=all to force the whole inventory), or set relaunch_force per host in the inventory"),
+    "job_launch_reset_guard": (
+        "reset the crash-loop guard of",
+        "relaunch_hosts=all to reset the guard of every job, which lets every crash loop relaunch again)"),
 }
 
 
