@@ -842,7 +842,7 @@ decision:
       that runs with this spec; use O(state=probe) for that.
   returned: with state probe, started, restarted and health, unless the options were refused
   type: dict
-  sample: {"action": "relaunch", "relaunch": true, "resume": true, "resume_mode": "always",
+  sample: {"action": "relaunch", "relaunch": true, "resume": true, "resume_mode": "always", "resumable": true,
            "why": "the job is crashed: ended with exit code 3 at 2026-12-02T16:10:00+00:00"}
   contains:
     action:
@@ -871,6 +871,13 @@ decision:
           (V(always) when it resumes, else V(never)); the start decides with the same rule.
       type: str
       choices: [always, never]
+    resumable:
+      description:
+        - Whether a start told O(resume=always) would append O(resume_args) (there are some, and the job ran
+          before), whatever this decision is. The relaunch tells the other ranks of a multi-rank job one of whose
+          ranks failed to resume, and reports by it whether each does.
+      type: bool
+      version_added: 0.2.0
 guard_cleared:
   description: How many relaunches O(reset_guard) cleared from the job's history (in check mode, would clear).
   returned: when O(reset_guard) is true, unless the options were refused

@@ -313,7 +313,9 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
                         why=f"relaunched with its job, because rank(s) {', '.join(must)} must be")
     failed = [name for name, answer in answers.items() if answer and _failed(answer)]
     if failed and decision["relaunch"]:
-        decision.update(resume=True, resume_mode="always")
+        # Told always, the start appends resume_args where it can (the probe's resumable: it has them, and
+        # the job ran before); `resume` says what it will do.
+        decision.update(resume=bool(own.get("resumable", False)), resume_mode="always")
     return decision
 
 

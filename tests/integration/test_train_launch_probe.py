@@ -106,7 +106,7 @@ def test_a_running_job_is_left_alone_and_its_progress_noted(ns: Target) -> None:
     other = once(ns, "probe", command=command + ["--lines", "4"])
     assert other["operation"] == "restart" and other["msg"] == "would restart the job with backend supervisor"
     assert other["decision"] == {"action": "relaunch", "relaunch": True, "resume": False, "resume_mode": "never",
-                                 "why": "the job runs with another spec, log path or backend"}
+                                 "resumable": True, "why": "the job runs with another spec, log path or backend"}
     started = once(ns, command=command)  # and state=started agrees there is nothing to do
     assert started["changed"] is False and started["pid"] == first["pid"]
     assert started["decision"]["action"] == "none"
@@ -132,7 +132,7 @@ def test_a_crashed_job_is_relaunched_resumed_and_the_guard_reset(ns: Target) -> 
     probe = once(ns, "probe", **options)
     assert probe["changed"] is False and probe["operation"] == "start" and probe["resumed"] is True
     assert probe["decision"] == {"action": "relaunch", "relaunch": True, "resume": True, "resume_mode": "always",
-                                 "why": f"the job is crashed: {crashed['health']['reason']}"}
+                                 "resumable": True, "why": f"the job is crashed: {crashed['health']['reason']}"}
     assert probe["incident"] is None and not (job_dir(ns) / "incidents").exists()
     assert not (job_dir(ns) / "relaunches.json").exists() and not Path(ns.log() + ".1").exists()
     again = once(ns, **options)
@@ -160,8 +160,8 @@ def test_a_finished_job_is_left_alone_unless_forced(ns: Target) -> None:
     probe = once(ns, "probe", command=done)
     ended = finished["health"]["ended_at"]
     assert probe["decision"] == {"action": "none", "relaunch": False, "resume": False, "resume_mode": "never",
-                                 "why": f"left alone: the job finished (exit code 0 at {ended}); relaunch_force relaunches it"}
+                                 "resumable": True, "why": f"left alone: the job finished (exit code 0 at {ended}); relaunch_force relaunches it"}
     forced = once(ns, "probe", command=done, force=True, resume="always")
     assert forced["decision"] == {"action": "relaunch", "relaunch": True, "resume": True, "resume_mode": "always",
-                                  "why": f"forced (relaunch_force), although the job finished (exit code 0 at {ended})"}
+                                  "resumable": True, "why": f"forced (relaunch_force), although the job finished (exit code 0 at {ended})"}
     assert forced["changed"] is False and forced["operation"] == "start"

@@ -253,7 +253,8 @@ class LaunchController:
             raise LaunchError(str(exc), _with_done(result, executor)) from None
 
     def _decision(self, judgement: Judgement, other_spec: bool, resume: bool) -> Decision:
-        return decide(judgement.health, other_spec, judgement.guard, judgement.guard_report, self.options.force, resume)
+        return decide(judgement.health, other_spec, judgement.guard, judgement.guard_report, self.options.force, resume,
+                      self.options.resume_args)
 
     # --- health ----------------------------------------------------------------------------
 

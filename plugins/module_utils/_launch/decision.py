@@ -69,11 +69,13 @@ def resume_mode_for(resume: bool) -> str:
 
 @dataclass(frozen=True)
 class Decision:
-    """What the relaunch does, why (for people), and whether the start appends resume_args."""
+    """What the relaunch does, why (for people), whether the start appends resume_args, and whether a start
+    told to resume (resume_mode always: the other ranks of a multi-rank job one of whose ranks failed) would."""
 
     action: Action
     why: str
     resume: bool = False
+    resumable: bool = False
 
     @property
     def relaunch(self) -> bool:
@@ -81,7 +83,7 @@ class Decision:
 
     def as_dict(self) -> dict[str, Any]:
         return {"action": self.action.value, "relaunch": self.relaunch, "why": self.why, "resume": self.resume,
-                "resume_mode": resume_mode_for(self.resume)}
+                "resume_mode": resume_mode_for(self.resume), "resumable": self.resumable}
 
 
 def _finished(health: HealthReport) -> str:
@@ -104,18 +106,20 @@ def _wanted(health: HealthReport, other_spec: bool, force: bool) -> tuple[bool, 
 
 
 def decide(health: HealthReport, other_spec: bool, guard: RelaunchGuard, guard_report: dict[str, Any],
-           force: bool, resume: bool) -> Decision:
+           force: bool, resume: bool, resume_args: tuple[str, ...] = ()) -> Decision:
     """The decision on one job.
 
     `other_spec`: the job runs with another spec, log path or backend than the task's (what
     state=started would restart). `guard_report`: RelaunchGuard.report for a start now. `resume`: whether
     a start now appends resume_args (the plan's); a decision that relaunches nothing never resumes.
+    `resume_args`: the task's, for ``resumable`` (would_resume told always).
     """
     wanted, why = _wanted(health, other_spec, force)
+    resumable = would_resume(resume_args, "always", health)
     if not wanted:
-        return Decision(Action.NONE, why)
+        return Decision(Action.NONE, why, resumable=resumable)
     refusal = guard.refusal(guard_report, health.state.value)
     if refusal is not None:
         # The same text state=started fails with: the guard counts, the decision only reports.
-        return Decision(Action.REFUSED, refusal)
-    return Decision(Action.RELAUNCH, why, resume)
+        return Decision(Action.REFUSED, refusal, resumable=resumable)
+    return Decision(Action.RELAUNCH, why, resume, resumable)

@@ -124,6 +124,17 @@ def test_a_rank_that_did_not_answer_does_not_relaunch_a_healthy_job():
     assert decision["action"] == "none" and not decision["relaunch"] and decision["resume_mode"] is None
 
 
+def test_a_rank_relaunched_with_its_failed_job_says_it_resumes_only_where_its_start_can():
+    """Every rank is told to resume (resume_mode always); one without resume_args, or that never ran, cannot,
+    and its decision says so (the probe's resumable)."""
+    probes = {"a": dict(probe(), decision=dict(probe()["decision"], resumable=False)),
+              "b": probe("relaunch", "crashed", resume=True),
+              "c": dict(probe(), decision=dict(probe()["decision"], resumable=True))}
+    assert decide(probes["a"], RANKS, probes)["resume"] is False
+    assert decide(probes["c"], RANKS, probes)["resume"] is True
+    assert {decide(probes[name], RANKS, probes)["resume_mode"] for name in "ac"} == {"always"}
+
+
 def test_a_forced_relaunch_of_healthy_ranks_does_not_resume():
     probes = {name: probe("relaunch", "running", "forced") for name in "abc"}
     assert decide(probes["a"], RANKS, probes)["resume_mode"] is None

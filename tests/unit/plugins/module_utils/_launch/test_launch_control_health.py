@@ -151,7 +151,7 @@ def test_a_probe_renders_the_plan_as_check_mode_does_and_changes_nothing(tmp_pat
     assert probe["operation"] == "start" and probe["msg"].startswith("would start the job")
     assert probe["rotated_log"] == str(tmp_path / "train.log.1") and probe["removed_paths"] == [str(tmp_path / "cache")]
     assert probe["decision"] == {"action": "relaunch", "relaunch": True, "resume": True, "resume_mode": "always",
-                                 "why": f"the job is crashed: {probe['health']['reason']}"}
+                                 "resumable": True, "why": f"the job is crashed: {probe['health']['reason']}"}
     assert listing(job) == before and (tmp_path / "cache").is_dir() and not (tmp_path / "train.log.1").exists()
     assert not (job / ".lock").exists()  # a probe that writes nothing never waits for the lock
 
@@ -172,11 +172,11 @@ def test_a_finished_job_is_left_alone_unless_forced(tmp_path, job) -> None:
     (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 0, "exit_signal": None, "ended_at": "t"}))
     alone = apply(tmp_path, state="probe")
     assert alone["decision"] == {"action": "none", "relaunch": False, "resume": False, "resume_mode": "never",
-                                 "why": "left alone: the job finished (exit code 0 at t); relaunch_force relaunches it"}
+                                 "resumable": True, "why": "left alone: the job finished (exit code 0 at t); relaunch_force relaunches it"}
     assert alone["operation"] == "start"  # what state=started would do: force changes the decision only
     forced = apply(tmp_path, state="probe", force=True, resume="always")
     assert forced["decision"] == {"action": "relaunch", "relaunch": True, "resume": True, "resume_mode": "always",
-                                  "why": "forced (relaunch_force), although the job finished (exit code 0 at t)"}
+                                  "resumable": True, "why": "forced (relaunch_force), although the job finished (exit code 0 at t)"}
     assert {key: value for key, value in forced.items() if key not in ("decision", "elapsed", "resumed")} == \
         {key: value for key, value in alone.items() if key not in ("decision", "elapsed", "resumed")}
 

@@ -57,7 +57,19 @@ def test_each_rule(state, other_spec, force, resume, action, why) -> None:
     decision = decide(health, other_spec, GUARD, guard_report(health), force, resume)
     resumes = resume and action == "relaunch"
     assert decision.as_dict() == {"action": action, "relaunch": action == "relaunch", "why": why,
-                                  "resume": resumes, "resume_mode": "always" if resumes else "never"}
+                                  "resume": resumes, "resume_mode": "always" if resumes else "never", "resumable": False}
+
+
+@pytest.mark.parametrize("state", [Health.RUNNING, Health.CRASHED, Health.FINISHED])
+def test_resumable_says_whether_a_start_told_always_would_resume_whatever_is_decided(state) -> None:
+    """The other ranks of a multi-rank job one of whose ranks failed are told to resume: whether each then
+    appends its resume_args is would_resume's answer for always (it has some, and the job ran before)."""
+    health = report(state)
+    with_args = decide(health, False, GUARD, guard_report(health), False, False, ("--resume", "latest"))
+    assert with_args.resumable is would_resume(("--resume", "latest"), "always", health) is health.has_run is True
+    assert decide(health, False, GUARD, guard_report(health), False, False).resumable is False
+    first = report(state, run_id=None)  # never ran: nothing to resume from
+    assert decide(first, False, GUARD, guard_report(first), False, False, ("--resume", "latest")).resumable is False
 
 
 @pytest.mark.parametrize("state", [Health.CRASHED, Health.STALLED, Health.MISSING])
