@@ -29,6 +29,7 @@ from tests.harness.gpu_holder import (
 from tests.harness.pidns import parent_pid, pid_namespace
 from tests.harness.playbook import run_playbook
 from tests.harness.procstates import Reaper, state_of, wait_until
+from tests.harness.real_nvml import DRIVER_ANSWERS
 
 MODULE = "gpuops.relaunch.gpu_mem_wait"
 TARGET_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -251,13 +252,15 @@ def test_no_gpu_at_all(tmp_path: Path) -> None:
     assert required["failed"] is True and required["error_kind"] == "not_installed"
     assert "nvidia-ml-py" in required["msg"]
     real = run.result("real bindings")
-    assert real["failed"] is True and real["error_kind"] == "library_not_found", real
-    assert "libnvidia-ml.so.1" in real["msg"]
+    if not DRIVER_ANSWERS:  # where a driver answers, the real bindings find it: no such case there
+        assert real["failed"] is True and real["error_kind"] == "library_not_found", real
+        assert "libnvidia-ml.so.1" in real["msg"]
     no_devices = run.result("driver without GPUs")
     assert no_devices["failed"] is True and no_devices["error_kind"] == "no_devices", no_devices
     assert not run.result("driver without GPUs optional").get("failed")
     real_optional = run.result("real bindings optional")
-    assert not real_optional.get("failed") and real_optional["gpu_present"] is False, real_optional
+    if not DRIVER_ANSWERS:
+        assert not real_optional.get("failed") and real_optional["gpu_present"] is False, real_optional
 
 
 def test_driver_errors_and_bad_options_fail_clearly(tmp_path: Path) -> None:

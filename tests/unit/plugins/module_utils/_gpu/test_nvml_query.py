@@ -31,6 +31,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import 
 )
 from tests.harness.gpu_holder import SIMNVML_DIR, STATE_ENV, sim_gpu
 from tests.harness.pidns import process_starttime
+from tests.harness.real_nvml import DRIVER_ANSWERS
 
 GPUS_CSV = """0, GPU-5c3b1b8e-1d2f-4a7b-9e0c-2b1d1f3a4c5d, 81559, 40963, NVIDIA H100 80GB HBM3
 1, GPU-0f6e3b2a-9c8d-4e7f-a1b2-c3d4e5f6a7b8, 81559, 4, NVIDIA H100 80GB HBM3
@@ -174,6 +175,7 @@ def test_nvml_errors_are_classified_by_code(simulated_bindings, call, error, kin
     assert "NVMLError_" in caught.value.detail
 
 
+@pytest.mark.skipif(DRIVER_ANSWERS, reason="a driver answers here: there is no missing library to report")
 def test_real_bindings_without_a_driver_say_library_not_found(real_bindings):
     with pytest.raises(GpuQueryError) as caught:
         open_gpu_source("auto", "/nonexistent/nvidia-smi", 30)
