@@ -442,11 +442,14 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     found = cleanup.get("found") or {}
     # The job as the launch left it, or as the probe found it when nothing was launched.
     job = launch or probe
+    # A launch that started nothing found the job running with this spec: another run (a watchdog run
+    # and an alert's at once) started it between this run's look and its launch.
+    started_by_another = wanted and not check_mode and failure is None and not launch.get("changed")
     summary: dict[str, Any] = {
         "host": host,
         "check_mode": bool(check_mode),
         # In check mode nothing was relaunched; would_relaunch says what a real run would do.
-        "relaunched": wanted and not check_mode and failure is None,
+        "relaunched": wanted and not check_mode and failure is None and not started_by_another,
         "would_relaunch": wanted,
         "action": action,
         "failed": failure,
@@ -478,6 +481,9 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     }
     if not probe:
         summary["health"].update(state="unknown", reason="the probe did not answer")
+    if started_by_another:
+        summary["why"] += (f"; but when this run launched, the job already ran with this spec (pid {job.get('pid')}), "
+                           f"started meanwhile by another run: this run started nothing")
     summary["after"] = after_action(summary, launch)
     # The job's live file (train_launch's metrics_dir), where the run now recorded keeps one: it owns the
     # job's health series, so the relaunch's own metrics leave them out (see _metrics/textfile.py).
@@ -497,6 +503,8 @@ def after_action(summary: Mapping[str, Any], launch: Mapping[str, Any]) -> dict[
         state = "running"
     elif summary.get("failed") and summary.get("would_relaunch") and not summary.get("check_mode"):
         state = "unknown"  # stopped, perhaps started: the next look says
+    elif launch.get("running") is True and not summary.get("check_mode"):
+        state = "running"  # started by another run meanwhile, the launch found
     else:
         state = seen
     recent = summary["relaunch_guard"].get("recent")
@@ -590,7 +598,7 @@ def fleet_status(summary: Mapping[str, Any] | None) -> str:
         return "refused"
     if summary.get("relaunched"):
         return "relaunched"
-    if summary.get("would_relaunch"):
+    if summary.get("would_relaunch") and summary.get("check_mode"):
         return "would_relaunch"
     return "unchanged"
 

@@ -24,7 +24,7 @@ def summary(host: str, action: str = "none", failure: str | None = None, rank: d
     results = {"probe": {"health": {"state": "crashed" if action == "relaunch" else "running"}},
                "decision": {"action": action, "why": "w"}}
     if action == "relaunch":
-        results["launch"] = {"pid": 7, "operation": "start"}
+        results["launch"] = {"pid": 7, "operation": "start", "changed": True}
     return host_summary(host, False, results, failure, rank)
 
 

@@ -284,7 +284,7 @@ def full_results() -> dict:
         "drain": {"elapsed": 2.0, "released": True, "released_mib": 1024, "escalation": "none"},
         "reset": {"skipped": True, "changed": False},
         "launch": {"elapsed": 3.0, "operation": "start", "pid": 4242, "log_path": "/l", "ready_line": "step 1",
-                   "resumed": True},
+                   "resumed": True, "changed": True, "running": True},
     }
 
 
@@ -319,6 +319,23 @@ def test_the_summary_says_the_job_after_the_action_and_keeps_what_the_probe_saw(
     noop = {"probe": {"health": {"state": "running"}, "relaunch_guard": {"recent": 0}, "live_metrics": None},
             "decision": {"action": "none"}, "launch": {"changed": True, "relaunch_guard": {"recent": 5, "needed": True}}}
     assert host_summary("h1", False, noop, None, None)["after"] == {"state": "running", "recent_relaunches": 0}
+
+
+def test_a_launch_that_found_the_job_started_by_another_run_is_no_relaunch_of_this_run():
+    """A watchdog run and an alert's run at once: both saw the job crashed, one started it, the other's launch
+    found it running with this spec and started nothing. That run says so, and the job runs."""
+    results = full_results()
+    results["stop"] = {}
+    results["launch"] = {"changed": False, "operation": "none", "pid": 4243, "running": True, "elapsed": 0.4,
+                         "relaunch_guard": {"recent": 2, "needed": False}}
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["relaunched"] is False and summary["status"] == "unchanged"
+    assert summary["why"] == ("the job is crashed: exit 3; but when this run launched, the job already ran with this "
+                              "spec (pid 4243), started meanwhile by another run: this run started nothing")
+    assert summary["after"] == {"state": "running", "recent_relaunches": 1}
+    assert outcome_line(summary, "llm").startswith("h1 [llm]: crashed, nothing done: the job is crashed")
+    # In check mode a launch starts nothing either: that is what would_relaunch says, not this.
+    assert host_summary("h1", True, results, None, None)["status"] == "would_relaunch"
 
 
 def test_the_summary_names_processes_whose_marks_contradicted_their_ancestry():
@@ -526,7 +543,7 @@ def test_one_line_per_host_says_what_it_saw_did_and_why_escaped():
     crashed = host_summary("gpu1", False, {
         "probe": {"health": {"state": "crashed"}},
         "decision": {"action": "relaunch", "why": "crashed \x1b[2J (exit 1)"},
-        "launch": {"pid": 42, "resumed": True, "operation": "start"}}, None, None)
+        "launch": {"pid": 42, "resumed": True, "operation": "start", "changed": True}}, None, None)
     line = outcome_line(crashed, "llm")
     assert line == "gpu1 [llm]: crashed, relaunched (pid 42, resumed): crashed \\x1b[2J (exit 1)"
     healthy = host_summary("gpu2", False, {"probe": {"health": {"state": "running"}},
