@@ -15,7 +15,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal imp
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import FleetError, fleet_line, merge_fleets
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
     FLEET_FILE, FLEET_STATS_PREFIX, ReportError, fleet_file_name, list_reports, plain_file_name, read_report, report_dir,
-    workflow_part_pattern, write_report,
+    workflow_part, workflow_part_pattern, write_report,
 )
 
 display = Display()
@@ -73,7 +73,7 @@ class ActionModule(ActionBase):
                 if not names:
                     raise ReportError(f"workflow_job: no fleet file of workflow job {args['workflow_job']} in "
                                       f"{directory} (none named {pattern})")
-                dest = fleet_file_name(f"awx-workflow-{args['workflow_job']}")
+                dest = fleet_file_name(workflow_part(args["workflow_job"]))
             source = f"files in {directory}"
             fleets = {name: read_report(directory, name) for name in names}
         else:

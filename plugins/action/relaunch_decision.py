@@ -6,14 +6,14 @@ of a healthy host) and decide whether to relaunch it; summarize a host that need
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    FLEET_WIDE, RelaunchInputError, awx_job, check_fleet_wide, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
+    RelaunchInputError, awx_job, check_fleet_wide, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
     decide, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
@@ -88,17 +88,20 @@ class ActionModule(ActionBase):
         hostvars = task_vars.get("hostvars", {})
         play_hosts = [str(name) for name in task_vars.get("ansible_play_hosts_all") or []]
         named = "relaunch_hosts" in task_vars or task_vars.get("ansible_limit") is not None
-        for variable in FLEET_WIDE:
-            here = args["force"] if variable == "relaunch_force" else _true(
-                self._templar.template(task_vars.get(variable)))
-            check_fleet_wide(variable, here, lambda name, v=variable: _true(_var(hostvars, name, v)), play_hosts, named)
+
+        def there(variable: str) -> Callable[[str], bool]:
+            return lambda name: _true(_var(hostvars, name, variable))
+        # The force is the task's argument; the guard reset, the role variable the probe is given.
+        check_fleet_wide("relaunch_force", args["force"], there("relaunch_force"), play_hosts, named)
+        check_fleet_wide("job_launch_reset_guard", _true(self._templar.template(task_vars.get("job_launch_reset_guard"))),
+                         there("job_launch_reset_guard"), play_hosts, named)
         # No ranks: None, or "" - ansible-core before 2.19 renders a template whose whole value is None as "".
         ranks = args["ranks"]
         if ranks in (None, ""):
             return None
         check_ranks_in_inventory(host, ranks, _var(hostvars, host, "job_launch_ranks"))
         # A rank that is not in the inventory at all (a sliced AWX job's other slice) has no hostvars to read.
-        check_ranks_in_slice(host, ranks, (task_vars.get("groups") or {}).get("all") or [], awx_job(task_vars))
+        check_ranks_in_slice(host, ranks, hostvars, awx_job(task_vars))
         check_ranks(host, ranks, {name: _var(hostvars, name, "job_launch_ranks") for name in ranks},
                     play_hosts, list(task_vars.get("ansible_play_batch") or []))
         check_strategy(host, self._strategy())

@@ -20,7 +20,7 @@ are the one vocabulary of ``_base/verdict.py``. Nothing here reads a message's w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Container, Iterable, Mapping, Sequence
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Action, Escalation, Health, worst
@@ -156,7 +156,7 @@ def awx_job(variables: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def check_ranks_in_slice(host: str, ranks: Any, inventory_hosts: Iterable[str], awx: Mapping[str, Any]) -> None:
+def check_ranks_in_slice(host: str, ranks: Any, inventory_hosts: Container[str], awx: Mapping[str, Any]) -> None:
     """RelaunchInputError when a rank of this host's job is not in this run's inventory at all (not merely left
     out by relaunch_hosts or --limit, which check_ranks names): the job must not run half-relaunched.
 
@@ -169,13 +169,12 @@ def check_ranks_in_slice(host: str, ranks: Any, inventory_hosts: Iterable[str], 
     if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
         return
     names = [str(name) for name in ranks]
-    inventory = set(inventory_hosts)
     if host not in names:
         return  # check_ranks names that
-    absent = [name for name in names if name not in inventory]
+    absent = [name for name in names if name not in inventory_hosts]
     if not absent:
         return
-    here = [name for name in names if name in inventory]
+    here = [name for name in names if name in inventory_hosts]
     what = (f"{host}: job_launch_ranks ({', '.join(names)}): rank(s) {', '.join(absent)} are not in this run's "
             f"inventory at all, only rank(s) {', '.join(here)} are")
     todo = ("No rank of this job is relaunched: a multi-rank job never runs half-relaunched. Relaunch it from a job "

@@ -87,7 +87,14 @@ def fleet_part(awx: Mapping[str, Any]) -> str:
     workflow job (every slice job of a sliced job template is), "awx-workflow-W-job-J"."""
     if not awx or awx.get("workflow_job") is None:
         return ""
-    return f"awx-workflow-{awx['workflow_job']}-job-{awx['job']}"
+    return workflow_part(awx["workflow_job"], awx["job"])
+
+
+def workflow_part(workflow_job: Any, job: Any = None) -> str:
+    """The part name of an AWX workflow job's fleet: awx-workflow-W, the whole (what fleet_merge writes), or
+    awx-workflow-W-job-J, one of its jobs (a slice)."""
+    whole = f"awx-workflow-{workflow_job}"
+    return whole if job is None else f"{whole}-job-{job}"
 
 
 def fleet_file_name(part: str = "") -> str:
@@ -98,7 +105,7 @@ def fleet_file_name(part: str = "") -> str:
 
 def workflow_part_pattern(workflow_job: str) -> str:
     """The fnmatch pattern of the fleet files of every job of an AWX workflow job (its slices)."""
-    return f"{FLEET_PART_PREFIX}{file_name_part(f'awx-workflow-{workflow_job}-job-')}*.json"
+    return f"{FLEET_PART_PREFIX}{file_name_part(workflow_part(workflow_job, ''))}*.json"
 
 
 def plain_file_name(name: str, what: str) -> str:

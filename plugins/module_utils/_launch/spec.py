@@ -355,16 +355,21 @@ def _check_remove_path_parent(path: str) -> None:
 MAX_HOST_NAME = 253
 
 
+def _hostname_label(option: str, host: Any, what: str) -> str:
+    """An inventory hostname for a label of the live file (`what` says which, when `host` is none)."""
+    if not isinstance(host, str) or not host:
+        raise BadOption(option, what)
+    if len(host) > MAX_HOST_NAME:
+        raise BadOption(option, f"is {len(host)} characters long; at most {MAX_HOST_NAME}")
+    return host
+
+
 def _metrics_host(metrics_dir: str | None, host: Any) -> str | None:
     """The inventory hostname for the live file's gpuops_host label: needed with metrics_dir."""
     if metrics_dir is None:
         return None
-    if not isinstance(host, str) or not host:
-        raise BadOption("metrics_host", "required with metrics_dir: the inventory hostname, for the gpuops_host label "
-                        "(the roles pass inventory_hostname)")
-    if len(host) > MAX_HOST_NAME:
-        raise BadOption("metrics_host", f"is {len(host)} characters long; at most {MAX_HOST_NAME}")
-    return host
+    return _hostname_label("metrics_host", host, "required with metrics_dir: the inventory hostname, for the "
+                           "gpuops_host label (the roles pass inventory_hostname)")
 
 
 def _metrics_rank0(metrics_host: str | None, rank0: Any) -> str | None:
@@ -373,11 +378,7 @@ def _metrics_rank0(metrics_host: str | None, rank0: Any) -> str | None:
     notification and one event-driven run cover them all."""
     if metrics_host is None or rank0 is None or rank0 == "":
         return metrics_host
-    if not isinstance(rank0, str):
-        raise BadOption("metrics_rank0", "must be the inventory hostname of the job's rank 0")
-    if len(rank0) > MAX_HOST_NAME:
-        raise BadOption("metrics_rank0", f"is {len(rank0)} characters long; at most {MAX_HOST_NAME}")
-    return rank0
+    return _hostname_label("metrics_rank0", rank0, "must be the inventory hostname of the job's rank 0")
 
 
 def _check_metrics_dir(metrics_dir: str) -> None:
