@@ -17,12 +17,14 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
     decide, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_spec import role_variable_errors
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, unknown_variables
 
 ARGUMENT_SPEC = {
     "force": {"type": "bool", "default": False},
     "ranks": {"type": "raw"},
-    "job_name": {"type": "str", "required": True},
+    # Empty when job_launch_name is unset: the role variables' check in run() names the variable.
+    "job_name": {"type": "str", "default": ""},
     "alerted_job": {"type": "str"},
     "alerted_host": {"type": "str"},
     # The ranks' own looks (each rank's registered result of this action), for the decision of the whole job.
@@ -46,9 +48,10 @@ class ActionModule(ActionBase):
         host = task_vars["inventory_hostname"]
         if args["rank_looks"] is not None:
             return dict(result, **self._decide_with_ranks(host, args))
-        unknown = unknown_variables(task_vars)
-        if unknown:
-            return self._fail(result, host, None, f"{host}: nothing was done: " + "; ".join(unknown), args, task_vars)
+        # The role's variables are checked here, not by a task of Ansible's per host (plugin_utils/role_spec).
+        problems = unknown_variables(task_vars) + role_variable_errors(task_vars, self._templar.template)
+        if problems:
+            return self._fail(result, host, None, f"{host}: nothing was done: " + "; ".join(problems), args, task_vars)
         try:
             rank = self._rank(host, args, task_vars)
         except RelaunchInputError as exc:

@@ -18,9 +18,9 @@ except ImportError:
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import module_args
 
 
-def options_from_variables(module: str, template: Callable[[Any], Any], task_vars: Mapping[str, Any]) -> dict[str, Any]:
-    """`module`'s options from the role variables in `task_vars`, each set one templated with `template`
-    (the action's templar); a variable whose value is "{{ omit }}" counts as unset."""
+def variable_lookup(template: Callable[[Any], Any], task_vars: Mapping[str, Any]) -> Callable[[str], Any]:
+    """A variable's value in `task_vars`, templated with `template` (the action's templar); KeyError when
+    it is not set or its value is "{{ omit }}"."""
     omit = task_vars.get("omit")
 
     def lookup(name: str) -> Any:
@@ -33,4 +33,9 @@ def options_from_variables(module: str, template: Callable[[Any], Any], task_var
         if omit is not None and value == omit:
             raise KeyError(name)
         return value
-    return module_args(module, lookup)
+    return lookup
+
+
+def options_from_variables(module: str, template: Callable[[Any], Any], task_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """`module`'s options from the role variables in `task_vars` (see :func:`variable_lookup`)."""
+    return module_args(module, variable_lookup(template, task_vars))

@@ -1,0 +1,60 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The relaunch role's variables checked against the role's own argument spec, inside the decision.
+
+Ansible checks a role's variables with a task of its own ("Validating arguments against arg spec
+'main'") wherever the role's ``main`` entry point is included: per host a worker that templates the
+whole spec (86 options with their descriptions) before a module runs, about as much controller CPU as
+the probe's own task. ``playbooks/relaunch.yml`` imports the entry point ``host`` instead
+(``tasks/host.yml``: the same tasks, with no spec of its own, so Ansible adds no task), and the decision
+makes the same check here, against the same options, before anything reaches the target. An include
+of ``main`` gets both; the second finds what the first did.
+
+The spec is read once per ansible-playbook: the strategy loads the action plugin in its main process
+before it forks the workers, and they inherit it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import variable_lookup
+
+SPEC_PATH = Path(__file__).resolve().parents[2] / "roles" / "relaunch" / "meta" / "argument_specs.yml"
+
+
+def load_options(path: Path = SPEC_PATH) -> dict[str, Any]:
+    """The options of the role's entry point ``main`` (generated from role_vars.py and the modules'
+    DOCUMENTATION by tools/role_vars.py)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path, encoding="utf-8") as handle:
+        return yaml.load(handle, Loader=loader)["argument_specs"]["main"]["options"]
+
+
+OPTIONS: dict[str, Any] = load_options()
+
+
+def role_variable_errors(task_vars: Mapping[str, Any], template: Callable[[Any], Any],
+                         options: Mapping[str, Any] = OPTIONS) -> list[str]:
+    """What Ansible's argument check of the role would say about the role's variables in `task_vars`
+    (each templated with `template`, the action's templar; "{{ omit }}" counts as unset), control
+    characters escaped; [] when they pass."""
+    lookup = variable_lookup(template, task_vars)
+    provided: dict[str, Any] = {}
+    errors: list[str] = []
+    for name in options:
+        try:
+            provided[name] = lookup(name)
+        except KeyError:
+            continue
+        except AnsibleError as exc:
+            errors.append(f"{name} does not template: {exc.message}")
+    messages = ArgumentSpecValidator(dict(options)).validate(provided).error_messages
+    return [escape_controls(message) for message in errors + messages]

@@ -1,0 +1,63 @@
+"""The relaunch role's variables checked inside the decision (plugin_utils/role_spec) against the role's own
+argument spec, the shipped meta/argument_specs.yml, templated by a real Ansible templar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
+
+try:
+    # ansible-core 2.19 and later template only trusted strings (those of inventories, vars files, playbooks).
+    from ansible.template import trust_as_template
+except ImportError:
+    def trust_as_template(value: str) -> str:
+        return value
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_spec import OPTIONS, role_variable_errors
+
+JOB = {"job_launch_name": "llm", "job_launch_command": ["python3", "train.py"]}
+
+
+def errors(variables: dict[str, Any]) -> list[str]:
+    """The check of `variables` as an inventory would give them (strings trusted as templates)."""
+    task_vars = {name: trust_as_template(value) if isinstance(value, str) else value for name, value in variables.items()}
+    # Before ansible-core 2.19 "{{ omit }}" renders the play's omit token, a variable of every task.
+    task_vars["omit"] = "__omit_place_holder__test"
+    return role_variable_errors(task_vars, Templar(loader=DataLoader(), variables=task_vars).template)
+
+
+def test_the_shipped_spec_is_the_roles_main_entry_point():
+    assert OPTIONS["job_launch_name"].get("required") is True and OPTIONS["job_launch_command"].get("required") is True
+    assert OPTIONS["gpu_drain_timeout"]["type"] == "float"
+    assert {"relaunch_force", "process_cleanup_match", "container_reset_allowed"} <= set(OPTIONS)
+
+
+def test_a_job_with_its_name_and_command_passes_and_other_variables_are_not_its_business():
+    assert errors(dict(JOB, gpu_drain_timeout=30, inventory_hostname="gpu1", some_other_var={"a": 1})) == []
+
+
+def test_a_missing_name_or_command_and_a_wrong_type_are_named():
+    assert errors({"job_launch_command": ["python3", "t.py"]}) == ["missing required arguments: job_launch_name"]
+    found = errors(dict(JOB, gpu_drain_timeout="soon", process_cleanup_term_timeout="{{ 'x' * 2 }}"))
+    assert len(found) == 2 and any("gpu_drain_timeout" in e and "float" in e for e in found), found
+    assert any("process_cleanup_term_timeout" in e and "float" in e for e in found), found
+
+
+def test_a_template_that_gives_the_values_is_what_is_checked():
+    assert errors(dict(JOB, job_launch_min_uptime="{{ 2 * 3 }}", job_launch_backend="{{ 'supervisor' }}")) == []
+    assert any("job_launch_backend" in e for e in errors(dict(JOB, job_launch_backend="{{ 'cron' }}")))
+
+
+def test_omit_counts_as_unset():
+    assert errors(dict(JOB, gpu_drain_timeout="{{ omit }}")) == []
+    assert errors(dict(JOB, job_launch_name="{{ omit }}")) == ["missing required arguments: job_launch_name"]
+
+
+def test_a_variable_that_does_not_template_is_named_and_control_characters_are_escaped():
+    found = errors(dict(JOB, job_launch_log_path="{{ no_such_variable }}"))
+    assert found and found[0].startswith("job_launch_log_path does not template: "), found
+    # A choice's message quotes the value given.
+    escaped = errors(dict(JOB, job_launch_backend="cron\x1b[2J"))
+    assert len(escaped) == 1 and "\x1b" not in escaped[0] and "got: cron\\x1b[2J" in escaped[0], escaped
