@@ -84,6 +84,8 @@ class ActionModule(ActionBase):
             published = self._publish(host, probe, decision, args, task_vars)
             facts = dict(result["ansible_facts"], **published.pop("ansible_facts", {}))
             result.update(published, ansible_facts=facts)
+        # Nothing is left for this host in the play: summarized, and neither failed nor refused.
+        result["nothing_left"] = done and not result.get("host_fails")
         return result
 
     def _rank(self, host: str, args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> Any:
@@ -133,7 +135,7 @@ class ActionModule(ActionBase):
         published = self._publish(host, probe, None, args, task_vars, failure=f"{self._task.get_name()}: {msg}",
                                   reach_target=not unreachable)
         facts = dict(published.pop("ansible_facts", {}), relaunch_decision=None, relaunch_rank=None)
-        result.update(published, changed=False, probe=probe, done=True, ansible_facts=facts)
+        result.update(published, changed=False, probe=probe, done=True, nothing_left=False, ansible_facts=facts)
         if unreachable:
             result.update(unreachable=True, msg=msg)
         elif args["fail_host"]:

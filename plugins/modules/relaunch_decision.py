@@ -24,6 +24,11 @@ description:
     (O(rank_looks)): one rank that must be relaunched (or that the crash-loop guard refuses) relaunches every rank; a
     rank whose look failed does not count. When one rank failed (crashed, stalled, missing) every rank resumes.
   - >-
+    Before the probe, checks the role variables against the relaunch role's argument spec (its
+    C(meta/argument_specs.yml), the options of its entry point C(main)), as Ansible's own check of an include of the
+    role does; a missing C(job_launch_name) or C(job_launch_command), a wrong type or a bad choice fails the host
+    before anything runs on it, naming the variable.
+  - >-
     Fails, before anything changes, when a variable with one of the collection's prefixes (C(job_launch_),
     C(process_cleanup_), C(gpu_drain_), C(container_reset_), C(relaunch_)) is not one the collection knows (a typo;
     the message names the closest known one), when O(force) is true on every host of the play and neither
@@ -152,6 +157,18 @@ launch_options:
 done:
   description: Whether this host is decided and summarized (a job of one host that needs nothing more).
   returned: when the probe ran
+  type: bool
+host_fails:
+  description:
+    - For a host summarized here, whether it fails because its relaunch failed or was refused (at once with
+      O(fail_host), else where the play fails it, after the fleet summary in C(playbooks/relaunch.yml)).
+  returned: when the host was summarized here
+  type: bool
+nothing_left:
+  description:
+    - RV(done) and the host does not fail (RV(host_fails) false): nothing more is to be done for it in the play.
+      C(playbooks/relaunch.yml) ends such a host's play at once (C(meta: end_host)).
+  returned: always, except when O(rank_looks) is given
   type: bool
 summary_path:
   description: As M(gpuops.relaunch.relaunch_summary)'s, for a host summarized here.

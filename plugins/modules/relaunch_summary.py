@@ -123,6 +123,10 @@ ansible_facts:
           O(gpuops.relaunch.train_launch#module:metrics_dir)) or null.
       returned: success
       type: dict
+host_fails:
+  description: Whether the host fails because its relaunch failed or was refused (at once with O(fail_host)).
+  returned: success
+  type: bool
 summary_path:
   description: The JSON file written (DIR/HOST@JOB.json, or in check mode DIR/check/HOST@JOB.json).
   returned: when O(summary_dir) is set

@@ -28,8 +28,8 @@ def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: st
             rank: Mapping[str, Any] | None, job_name: str, summary_dir: str, metrics_dir: str, fail_host: bool,
             run_module: ModuleRunner) -> dict[str, Any]:
     """The result of a task that summarizes `host`: `summary`, the facts and stats, the files' paths,
-    `msg` (one line; the host fails with the failure message instead when `fail_host` and it failed or
-    was refused). The line is also displayed: the task's result is shown in full only at -v."""
+    `host_fails`, `msg` (one line; the host fails with the failure message instead when `fail_host` and it
+    failed or was refused). The line is also displayed: the task's result is shown in full only at -v."""
     if not job_name:
         if failure is None:
             if summary_dir:
@@ -60,6 +60,8 @@ def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: st
         if problem:
             return dict(result, failed=True, msg=f"metrics_dir: {problem}")
     failure_text = failure_message(summary, job_name)
+    # The host fails (now, or with fail_host false after the fleet summary): its relaunch failed or was refused.
+    result["host_fails"] = failure_text is not None
     if fail_host and failure_text:
         # The callback prints the failure; the line would say it a second time.
         result.update(failed=True, msg=failure_text)

@@ -138,6 +138,10 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
     site.vars["job-b"]["relaunch_force"] = False
     quiet = site.relaunch()
     assert quiet.rc == 0 and not any(summary["relaunched"] for summary in summaries(quiet).values())
+    # A host with nothing left ends its play after the decision: one task (a skipped one would cost the
+    # controller a worker); the play's first host stays for the fleet summary, which has both.
+    assert quiet.tasks_run("job-b") == 1 and quiet.tasks_run("job-a") > 1, quiet.stats
+    assert sorted(quiet.result("Sum up the fleet")["fleet"]["hosts"]) == list(HOSTS)
     assert site.pids() == after_inventory
 
 
