@@ -366,12 +366,12 @@ options:
     default: false
   expect_run_id:
     description:
-      - With O(state=stopped) only - the run the caller's look saw, to be stopped (the run-id fence):
+      - With O(state=stopped) only. The run the caller's look saw, which this stop is for (the run-id fence) -
         RV(health.run_id) of an earlier V(probe) or V(health), or the empty string when that look saw no run.
       - When the job's recorded run is another, newer run than this one and its main process runs (another
         task relaunched the job since the look - a watchdog's relaunch and an alert's at once), nothing is
-        stopped and no incident record is written: C(changed=false), RV(superseded=true) and RV(newer_run)
-        name that run. The check is made under the job's lock, which a start holds until its run is proven.
+        stopped and no incident record is written; C(changed) is false, RV(superseded) is true and RV(newer_run)
+        names that run. The check is made under the job's lock, which a start holds until its run is proven.
       - The expected run itself, or a newer run that does not run any more, is stopped as without this option.
         The C(gpuops.relaunch.relaunch) role passes the run its probe saw.
       - Unset, the stop ends whatever run the records name (no fence).

@@ -127,9 +127,9 @@ options:
         of the look that decided on it, or the empty string when that look saw no run. Needs O(job_name).
       - When the job's records (in O(job_state_dir), believed only where nobody but root or this user can have
         written them) name another, newer run whose main process runs - another task relaunched the job since that
-        look, a watchdog's relaunch and an alert's at once - that run is left alone like another job's: its
-        proven supervisor, its proven main process and everything below them (proven by ancestry and the records,
-        never by a mark or a command line). They are listed in RV(other_jobs) (with C(newer_run=true)) and a
+        look, a watchdog's relaunch and an alert's at once - that run is left alone like another job's - its
+        proven supervisor, its proven main process and everything below them, proven by ancestry and the records,
+        never by a mark or a command line. They are listed in RV(other_jobs) (with C(newer_run=true)) and a
         finding of kind V(other_job); RV(superseded) is true and RV(newer_run) names the run. What else the
         selection takes is cleaned up as without this option.
       - Unset, the selection takes the job's processes whatever run they belong to.
