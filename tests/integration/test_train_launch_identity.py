@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.harness.launch_targets import DEMO, PYTHON, Target, in_pid_namespace
+from tests.harness.playbook import REPO
 from tests.harness.pidns import process_starttime
 from tests.harness.procstates import wait_until
 
@@ -236,6 +237,38 @@ def test_a_relaunch_that_looked_at_an_older_run_leaves_the_newer_run_alone(ns: T
     assert process_starttime(host) == started and ns.host_pid(fresh["pid"]) == host  # Y runs on, the same process
     still = ask(ns, "health")
     assert still["health"]["state"] == "running" and still["run_id"] == fresh["run_id"]
+
+    # The same through the relaunch role's own steps (stop, clean-up, drain, launch) and its summary, as run B goes
+    # on after its decision: Y runs on, the drain is skipped, the launch starts nothing, and the summary says why.
+    role_vars = {"job_launch_name": "job", "job_launch_command": command, "job_launch_log_path": ns.log(),
+                 "job_launch_state_dir": ns.state_dir, "job_launch_ready_regex": "^step 1 ", "job_launch_min_uptime": 0.5,
+                 "job_launch_startup_timeout": 20, "job_launch_term_timeout": 5, "job_launch_resume_args": RESUME,
+                 "process_cleanup_match": [re.escape(f"--tag {ns.work}")], "process_cleanup_term_timeout": 2,
+                 "gpu_drain_gpus_required": False, "gpu_drain_timeout": 5}
+    decision = {"action": "relaunch", "relaunch": True, "why": "the job is crashed: killed", "stop": True,
+                "resume": False, "resume_mode": None, "wanted_by": [], "expect_run_id": seen["health"]["run_id"]}
+    steps = ns.play([
+        {"name": "B's decision", "ansible.builtin.set_fact": {
+            "relaunch_decision": decision, "relaunch_rank": None, "relaunch_decided": {"probe": seen, "launch_options": {}}}},
+        {"name": "B's steps", "ansible.builtin.include_tasks": str(REPO / "roles" / "relaunch" / "tasks" / "steps.yml"),
+         "vars": role_vars},
+        {"name": "B's summary", "gpuops.relaunch.relaunch_summary": {
+            "results": {"probe": "{{ relaunch_decided.probe }}", "decision": "{{ relaunch_decision }}",
+                        "stop": "{{ relaunch_stop }}", "cleanup": "{{ relaunch_cleanup }}", "drain": "{{ relaunch_drain }}",
+                        "launch": "{{ relaunch_launch }}"},
+            "job_name": "job", "summary_dir": "", "metrics_dir": "", "fail_host": False}},
+    ])
+    assert steps.rc == 0, steps.stdout[-3000:]
+    assert steps.result("Stop the job and wait until its whole process tree is gone")["superseded"] is True
+    assert steps.result("End what the last run left behind with the least force that works")["superseded"] is True
+    assert steps.result("Wait until the GPUs are released").get("skipped") is True
+    launch = steps.result("Launch the job and prove it started")
+    assert launch["changed"] is False and launch["pid"] == fresh["pid"], launch
+    summary = steps.result("B's summary")["ansible_facts"]["relaunch_summary"]
+    assert summary["status"] == "unchanged" and summary["relaunched"] is False, summary
+    assert summary["why"].endswith(f"the job already ran with this spec (pid {fresh['pid']}), started meanwhile by another "
+                                   f"run: this run started nothing"), summary["why"]
+    assert process_starttime(host) == started and ns.host_pid(fresh["pid"]) == host
 
     # The run the stop expects is the recorded one: it stops as it always did; so does a stop by hand.
     expected = ask(ns, "stopped", check=True, expect_run_id=fresh["run_id"])
