@@ -128,12 +128,15 @@ decision:
   description:
     - C(action) (V(none), V(relaunch) or V(refused)), C(relaunch) (bool), C(why), C(resume) (bool), C(resume_mode)
       (V(always) when a rank of the job failed, else null, meaning the inventory's C(job_launch_resume)), C(stop)
-      (something of the job runs that the stop must end first; nothing running, the stop is skipped) and C(wanted_by)
-      (the ranks that must be relaunched). Also the fact C(relaunch_decision).
+      (something of the job runs that the stop must end first; nothing running, the stop is skipped), C(wanted_by)
+      (the ranks that must be relaunched) and C(expect_run_id) (the run the probe judged, its
+      RV(gpuops.relaunch.train_launch#module:health.run_id), or the empty string for none - the role gives it to the
+      stop and the clean-up, which leave a newer run, started meanwhile by another relaunch, alone). Also the fact
+      C(relaunch_decision).
   returned: success
   type: dict
   sample: {action: relaunch, relaunch: true, why: "relaunched with its job, because rank(s) gpu2 must be", resume: true,
-           resume_mode: always, stop: true, wanted_by: [gpu2]}
+           resume_mode: always, stop: true, wanted_by: [gpu2], expect_run_id: 3f2a9c0e5b8d4e1f9a7c6b5d4e3f2a1b}
 rank:
   description:
     - This host's place in a multi-rank job, C(index), C(of), C(ranks), C(master_addr) and C(master_port); null for a

@@ -364,6 +364,19 @@ options:
         RV(guard_cleared) says how many.
     type: bool
     default: false
+  expect_run_id:
+    description:
+      - With O(state=stopped) only. The run the caller's look saw, which this stop is for (the run-id fence) -
+        RV(health.run_id) of an earlier V(probe) or V(health), or the empty string when that look saw no run.
+      - When the job's recorded run is another, newer run than this one and its main process runs (another
+        task relaunched the job since the look - a watchdog's relaunch and an alert's at once), nothing is
+        stopped and no incident record is written; C(changed) is false, RV(superseded) is true and RV(newer_run)
+        names that run. The check is made under the job's lock, which a start holds until its run is proven.
+      - The expected run itself, or a newer run that does not run any more, is stopped as without this option.
+        The C(gpuops.relaunch.relaunch) role passes the run its probe saw.
+      - Unset, the stop ends whatever run the records name (no fence).
+    type: str
+    version_added: 0.2.0
   metrics_dir:
     description:
       - Keep the job's health live on the node, without Ansible, in C(METRICS_DIR/gpuops_job_JOB.prom) for
@@ -681,6 +694,20 @@ previous:
   returned: after a start that replaced an earlier run
   type: dict
   sample: {"pid": 4100, "exit_code": null, "exit_signal": "SIGTERM", "ended_at": "2026-12-02T16:09:59.1+00:00"}
+superseded:
+  description:
+    - With O(expect_run_id) - whether the job runs a newer run than the expected one, which this stop left
+      alone (then C(changed) is false and nothing was stopped).
+  returned: with state stopped and O(expect_run_id)
+  type: bool
+  sample: true
+newer_run:
+  description:
+    - The newer run that RV(superseded) left alone - its run_id, pid, starttime and started_at; null when not superseded.
+  returned: with state stopped and O(expect_run_id)
+  type: dict
+  sample: {"run_id": "7c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f", "pid": 4388, "starttime": 1003100,
+           "started_at": "2026-12-02T16:11:02.5+00:00"}
 stop:
   description: What stopping took.
   returned: when the task stopped a running job
@@ -989,6 +1016,7 @@ def main() -> None:
             "metrics_dir": {"type": "path"},
             "metrics_host": {"type": "str"},
             "metrics_rank0": {"type": "str"},
+            "expect_run_id": {"type": "str"},
         },
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,

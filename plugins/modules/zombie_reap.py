@@ -52,7 +52,7 @@ description:
     names the option and the pattern, in check mode too, and returns in RV(job) what the selection
     would have taken. It is judged on the one snapshot of the process table the plan is made from."
   - "Processes of another train_launch job are never part of the job (see O(job_name)): they are
-    listed in RV(other_jobs) and left alone."
+    listed in RV(other_jobs) and left alone. With O(expect_run_id), neither is a newer run of the job itself."
   - "Never signalled: PID 1 of the namespace, the process running this module and all its
     ancestors (the Ansible connection), kernel threads, the protected programs (sshd, systemd, init,
     the container runtime; judged by their executable, not by their command line, see O(protected)),
@@ -121,6 +121,21 @@ options:
         does. A zombie reaped meanwhile is not reported. Between 0 and 600; NaN and infinity are refused.
     type: float
     default: 2.0
+  expect_run_id:
+    description:
+      - The run of O(job_name)'s job this clean-up is for (the run-id fence) - RV(gpuops.relaunch.train_launch#module:health.run_id)
+        of the look that decided on it, or the empty string when that look saw no run. Needs O(job_name).
+      - When the job's records (in O(job_state_dir), believed only where nobody but root or this user can have
+        written them) name another, newer run whose main process runs - another task relaunched the job since that
+        look, a watchdog's relaunch and an alert's at once - that run is left alone like another job's - its
+        proven supervisor, its proven main process and everything below them, proven by ancestry and the records,
+        never by a mark or a command line. They are listed in RV(other_jobs) (with C(newer_run=true)) and a
+        finding of kind V(other_job); RV(superseded) is true and RV(newer_run) names the run. What else the
+        selection takes is cleaned up as without this option.
+      - Unset, the selection takes the job's processes whatever run they belong to.
+        The C(gpuops.relaunch.relaunch) role passes the run its probe saw.
+    type: str
+    version_added: 0.2.0
   fail_on_escalation:
     description:
       - Whether to fail when RV(escalation) is not V(none). The default lets the playbook decide
@@ -235,10 +250,27 @@ other_jobs:
       mark, which its run record confirms), V(supervisor) (it is or descends from that job's supervisor) or
       V(run) (it descends from that job's recorded main process). Ancestry outranks marks; a descendant of
       the proven supervisor of O(job_name)'s job is that job's, whatever marks it carries.
+    - With O(expect_run_id), also the processes of the job's newer run (see O(expect_run_id)), each with
+      C(newer_run=true) and the job's own C(job_dir); C(newer_run) is there only with O(expect_run_id).
   returned: always
   type: list
   elements: dict
-  sample: [{pid: 5120, starttime: 88100, comm: python3, job_dir: /var/lib/gpuops/eval, run_id: 3f2a9c, proof: run_mark}]
+  sample: [{pid: 5120, starttime: 88100, comm: python3, job_dir: /var/lib/gpuops/eval, run_id: 3f2a9c, proof: run_mark,
+            newer_run: false}]
+superseded:
+  description:
+    - With O(expect_run_id) - whether the job runs a newer run than the expected one (RV(newer_run)), which the
+      clean-up left alone. The C(gpuops.relaunch.relaunch) role then drains nothing and starts no other run.
+  returned: with O(expect_run_id), unless the options or the selection are refused
+  type: bool
+  sample: true
+newer_run:
+  description:
+    - The newer run that RV(superseded) left alone - its run_id, pid and starttime (of its main process); null when
+      there is none.
+  returned: with O(expect_run_id), unless the options or the selection are refused
+  type: dict
+  sample: {run_id: 7c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f, pid: 4388, starttime: 1003100}
 missing_pids:
   description: Pids given in O(pids) that do not exist.
   returned: always
@@ -338,7 +370,7 @@ findings:
     - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
       findings), here V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
       V(unreaped_orphan), V(zombie), V(holds_device), V(other_job) (processes of another job the
-      selection named, left alone; escalation V(none)) or V(mark_conflict) (a process whose marks name
+      selection named, or of the job's newer run with O(expect_run_id), left alone; escalation V(none)) or V(mark_conflict) (a process whose marks name
       another job than its proven ancestry; it is the ancestry's job's; escalation V(signals)); C(escalation)
       what clears it; C(pids) the processes concerned.
     - When RV(left) asks for more than the ladder does, its findings follow (with the words of
@@ -392,6 +424,7 @@ def main() -> None:
             reap_parents={"type": "bool", "default": False},
             orphan_grace={"type": "float", "default": 2.0},
             fail_on_escalation={"type": "bool", "default": False},
+            expect_run_id={"type": "str"},
         ),
         supports_check_mode=True,
     )

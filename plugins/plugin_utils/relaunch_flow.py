@@ -284,7 +284,7 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
                         f"{_quoted(job_name)}")
     if not_for_this:
         return {"action": NONE, "relaunch": False, "resume": False, "resume_mode": None, "stop": False,
-                "wanted_by": [], "why": f"{not_for_this}: nothing is done"}
+                "wanted_by": [], "why": f"{not_for_this}: nothing is done", "expect_run_id": seen_run(probe)}
     own = dict(probe.get("decision") or {})
     decision = {
         "action": own.get("action", NONE),
@@ -300,6 +300,9 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
         # a job that started in between (state=started stops what runs with another spec).
         "stop": bool(probe.get("running", True)),
         "wanted_by": [],
+        # The run-id fence: the run the probe judged, which the stop and the clean-up are for; a newer run
+        # (another relaunch of the job, started after this look) is theirs to leave alone.
+        "expect_run_id": seen_run(probe),
     }
     if rank is None:
         return decision
@@ -316,6 +319,19 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
         # the job ran before); `resume` says what it will do.
         decision.update(resume=bool(own.get("resumable", False)), resume_mode="always")
     return decision
+
+
+def seen_run(probe: Mapping[str, Any]) -> str:
+    """The run train_launch's probe judged (its health.run_id), as the stop's and the clean-up's expect_run_id:
+    "" when it judged none (the job never ran, or its records were not sound), so that any run found later is newer."""
+    run_id = (probe.get("health") or {}).get("run_id") if isinstance(probe.get("health"), Mapping) else None
+    return run_id if isinstance(run_id, str) else ""
+
+
+def superseded(*steps: Any) -> bool:
+    """Whether a step of this relaunch (the stop, a clean-up) found the job running a newer run than the one its
+    probe saw and left it alone: another run relaunched the job meanwhile."""
+    return any(_result(step).get("superseded") is True for step in steps)
 
 
 def alerted_job_hosts(alerted_host: Any, host: str, ranks: Any, inventory_hosts: Iterable[str]) -> list[str]:
@@ -363,6 +379,9 @@ def clearance(cleanup: Mapping[str, Any], drain: Mapping[str, Any], reset_allowe
     yet; ``blocked`` is the message the host fails with, or None. In check mode a reboot is only
     announced, so what it would clear is still there: the run goes on to say what the launch would do.
     """
+    # A clean-up that left a newer run of the job alone (another run relaunched it meanwhile): the drain was skipped,
+    # the GPUs are that run's; the launch finds it running (train_launch state=started changes nothing then).
+    drain = {} if superseded(cleanup) else _result(drain)
     cleanup_level = _escalation(cleanup.get("escalation"))
     drain_level = _escalation(drain.get("escalation")) if drain else Escalation.NONE
     released = bool(drain.get("released", True)) if drain else True
@@ -443,6 +462,7 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     job = launch or probe
     # A launch that started nothing found the job running with this spec: another run (a watchdog run
     # and an alert's at once) started it between this run's look and its launch.
+    # The stop or the clean-up says so first (superseded: they left that newer run alone).
     started_by_another = wanted and not check_mode and failure is None and not launch.get("changed")
     summary: dict[str, Any] = {
         "host": host,

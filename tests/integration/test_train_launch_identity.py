@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.harness.launch_targets import DEMO, PYTHON, Target, in_pid_namespace
+from tests.harness.playbook import REPO
 from tests.harness.pidns import process_starttime
 from tests.harness.procstates import wait_until
 
@@ -201,3 +203,76 @@ def test_a_worker_that_rewrites_its_marks_to_name_a_ghost_job_is_stopped_with_th
     # The next start is not blocked by what the stop could not end.
     again = ask(ns, "started", command=[PYTHON, str(script), str(worker_file)])
     assert again["running"] is True and again["changed"] is True, again
+
+
+def test_a_relaunch_that_looked_at_an_older_run_leaves_the_newer_run_alone(ns: Target) -> None:
+    """Two relaunch runs at once (the watchdog's and an alert's): run B looked at the crashed run X, run A
+    then relaunched the job as run Y. B's stop and clean-up, given the run B's decision saw (as the relaunch
+    role passes it), must not end Y: both say that a newer run superseded the one they were sent for. A stop
+    by hand, without the run it expects, still stops the job."""
+    command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--workers", "1", "--worker-seconds", "600")
+    first = ask(ns, "started", command=command)
+    assert first["running"] is True
+    kill_inside(ns, first["pid"])
+    wait_until(lambda: (ns.read_state("job", "exit.json") or {}).get("run_id") == first["run_id"], what="X's exit record")
+    # Run B's look: the crashed run X.
+    seen = ask(ns, "probe", command=command)
+    assert seen["health"]["state"] == "crashed" and seen["health"]["run_id"] == first["run_id"], seen["health"]
+    # Run A relaunches it: run Y.
+    fresh = ask(ns, "started", command=command)
+    assert fresh["changed"] is True and fresh["running"] is True and fresh["run_id"] != first["run_id"]
+    host = ns.host_pid(fresh["pid"])
+    started = process_starttime(host)
+
+    # Run B's stop and clean-up, as the relaunch role runs them (expecting the run its decision saw).
+    stop = ask(ns, "stopped", expect_run_id=seen["health"]["run_id"])
+    assert stop["changed"] is False and stop["superseded"] is True, stop
+    assert stop["newer_run"]["run_id"] == fresh["run_id"] and stop["newer_run"]["pid"] == fresh["pid"], stop
+    cleanup = ns.play([{"name": "reap", "gpuops.relaunch.zombie_reap": {
+        "match": [re.escape(f"--tag {ns.work}")], "job_name": "job", "job_state_dir": ns.state_dir,
+        "expect_run_id": seen["health"]["run_id"], "term_timeout": 2}}]).result("reap")
+    assert "failed" not in cleanup and cleanup["changed"] is False and cleanup["signals_sent"] == 0, cleanup
+    assert cleanup["superseded"] is True and cleanup["newer_run"]["run_id"] == fresh["run_id"], cleanup
+    assert cleanup["escalation"] == "none", cleanup
+    assert process_starttime(host) == started and ns.host_pid(fresh["pid"]) == host  # Y runs on, the same process
+    still = ask(ns, "health")
+    assert still["health"]["state"] == "running" and still["run_id"] == fresh["run_id"]
+
+    # The same through the relaunch role's own steps (stop, clean-up, drain, launch) and its summary, as run B goes
+    # on after its decision: Y runs on, the drain is skipped, the launch starts nothing, and the summary says why.
+    role_vars = {"job_launch_name": "job", "job_launch_command": command, "job_launch_log_path": ns.log(),
+                 "job_launch_state_dir": ns.state_dir, "job_launch_ready_regex": "^step 1 ", "job_launch_min_uptime": 0.5,
+                 "job_launch_startup_timeout": 20, "job_launch_term_timeout": 5, "job_launch_resume_args": RESUME,
+                 "process_cleanup_match": [re.escape(f"--tag {ns.work}")], "process_cleanup_term_timeout": 2,
+                 "gpu_drain_gpus_required": False, "gpu_drain_timeout": 5}
+    decision = {"action": "relaunch", "relaunch": True, "why": "the job is crashed: killed", "stop": True,
+                "resume": False, "resume_mode": None, "wanted_by": [], "expect_run_id": seen["health"]["run_id"]}
+    steps = ns.play([
+        {"name": "B's decision", "ansible.builtin.set_fact": {
+            "relaunch_decision": decision, "relaunch_rank": None, "relaunch_decided": {"probe": seen, "launch_options": {}}}},
+        {"name": "B's steps", "ansible.builtin.include_tasks": str(REPO / "roles" / "relaunch" / "tasks" / "steps.yml"),
+         "vars": role_vars},
+        {"name": "B's summary", "gpuops.relaunch.relaunch_summary": {
+            "results": {"probe": "{{ relaunch_decided.probe }}", "decision": "{{ relaunch_decision }}",
+                        "stop": "{{ relaunch_stop }}", "cleanup": "{{ relaunch_cleanup }}", "drain": "{{ relaunch_drain }}",
+                        "launch": "{{ relaunch_launch }}"},
+            "job_name": "job", "summary_dir": "", "metrics_dir": "", "fail_host": False}},
+    ])
+    assert steps.rc == 0, steps.stdout[-3000:]
+    assert steps.result("Stop the job and wait until its whole process tree is gone")["superseded"] is True
+    assert steps.result("End what the last run left behind with the least force that works")["superseded"] is True
+    assert steps.result("Wait until the GPUs are released").get("skipped") is True
+    launch = steps.result("Launch the job and prove it started")
+    assert launch["changed"] is False and launch["pid"] == fresh["pid"], launch
+    summary = steps.result("B's summary")["ansible_facts"]["relaunch_summary"]
+    assert summary["status"] == "unchanged" and summary["relaunched"] is False, summary
+    assert summary["why"].endswith(f"the job already ran with this spec (pid {fresh['pid']}), started meanwhile by another "
+                                   f"run: this run started nothing"), summary["why"]
+    assert process_starttime(host) == started and ns.host_pid(fresh["pid"]) == host
+
+    # The run the stop expects is the recorded one: it stops as it always did; so does a stop by hand.
+    expected = ask(ns, "stopped", check=True, expect_run_id=fresh["run_id"])
+    assert expected["changed"] is True and expected["superseded"] is False, expected
+    by_hand = ask(ns, "stopped")
+    assert by_hand["changed"] is True and "superseded" not in by_hand, by_hand
+    assert ns.host_pid(fresh["pid"]) is None or process_starttime(host) != started

@@ -32,7 +32,9 @@ class JobSelector:
     """The job: processes whose command line matches, optional descendants, and listed pids.
 
     `job_dir` is the train_launch job this selection is for (its state directory); processes that
-    are proven members of another job are left out (see ``_reap/other_jobs.py``).
+    are proven members of another job are left out (see ``_reap/other_jobs.py``). `expect_run_id`: the
+    run of that job the selection is for ("" for none; None: any), so that a newer live run of the job
+    is left out like another job's (the run-id fence, see ``_reap/other_jobs.py``).
     """
 
     patterns: tuple[Pattern[str], ...] = ()
@@ -40,6 +42,7 @@ class JobSelector:
     include_descendants: bool = True
     allow_broad: bool = False
     job_dir: str | None = None
+    expect_run_id: str | None = None
 
     @classmethod
     def from_options(

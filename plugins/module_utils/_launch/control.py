@@ -54,7 +54,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records im
     run_fields,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions, denied, preflight_start, what_to_set
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import KILL_WAIT, end_idle_supervisor, supervisor_alive
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import KILL_WAIT, end_idle_supervisor, supervisor_alive, supersedes
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import SENT
@@ -181,6 +181,13 @@ class LaunchController:
             result["changed"] = cleared > 0
         if self.state == LaunchState.HEALTH.value:
             return self._health_only(result, judgement)
+        if self.state == LaunchState.STOPPED.value and options.expect_run_id is not None:
+            # The run-id fence, under the job's lock and before any evidence is written: a newer run
+            # than the one this stop was for is another task's relaunch, not this stop's to end.
+            newer = self._newer_run(judgement)
+            result.update(superseded=newer is not None, newer_run=newer)
+            if newer is not None:
+                return self._superseded(result, newer)
         result["incident"] = None
         health = judgement.health
         # state=absent removes the records an incident record would go to: it writes none.
@@ -295,6 +302,24 @@ class LaunchController:
         _with_done(result, executor)
         result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
         result["msg"] = "stopped" + (" (SIGKILL was needed)" if outcome.escalated else "")
+        return result
+
+    def _newer_run(self, judgement: Judgement) -> dict[str, Any] | None:
+        """The job's recorded run, where it is a newer live run than expect_run_id (tree.supersedes), else None."""
+        run = judgement.status.run
+        current = run.get("run_id") if run else None
+        if not supersedes(self.options.expect_run_id, current, lambda: judgement.status.running):
+            return None
+        return {key: run.get(key) for key in ("run_id", "pid", "starttime", "started_at")}
+
+    def _superseded(self, result: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
+        """state=stopped with expect_run_id, when a newer run runs: nothing is stopped, and the result says why."""
+        expected = self.options.expect_run_id
+        was = f"run {expected}" if expected else "no run (the look saw none)"
+        result.update(running=True, operation=Operation.NONE.value, incident=None)
+        result["msg"] = (f"left alone: the job runs a newer run ({newer.get('run_id')}, pid {newer.get('pid')}) than the "
+                         f"one this stop was for ({was}), started meanwhile by another task: nothing was stopped")
+        result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
         return result
 
     # --- absent ----------------------------------------------------------------------------

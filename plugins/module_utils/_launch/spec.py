@@ -34,7 +34,8 @@ from typing import Any, Mapping, Pattern
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES, LaunchState
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import check_expect_run_id
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -157,6 +158,9 @@ class LaunchOptions:
     metrics_dir: str | None = None
     metrics_host: str | None = None
     metrics_rank0: str | None = None
+    # state=stopped only: the run the caller's look saw ("" for none); a newer live run is left alone
+    # (the run-id fence, tree.supersedes). None: no fence.
+    expect_run_id: str | None = None
 
     def launch_fields(self, resume: bool) -> dict[str, Any]:
         """What a start writes to launch.json besides its run id (`resume`: with resume_args appended)."""
@@ -538,6 +542,9 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     relaunch_window = checks.check(check_seconds, "relaunch_window",
                                    3600.0 if params.get("relaunch_window") is None else params["relaunch_window"],
                                    0.0, MAX_RELAUNCH_WINDOW, allow_minimum=False)
+    expect_run_id = checks.check(check_expect_run_id, params.get("expect_run_id"))
+    if params.get("expect_run_id") is not None and state != LaunchState.STOPPED.value:
+        checks.add("expect_run_id", f"only with state=stopped (the run a stop is for), not with state={state}")
     checks.raise_if_any()
     return LaunchOptions(
         name=str(name),
@@ -564,6 +571,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         metrics_dir=metrics_dir,
         metrics_host=metrics_host,
         metrics_rank0=metrics_rank0,
+        expect_run_id=expect_run_id,
     )
 
 

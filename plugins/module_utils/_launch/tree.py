@@ -41,6 +41,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
     SUPERVISOR_MARK,
     run_mark,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import (
     Process,
@@ -228,6 +229,33 @@ def proven_supervisor(table: ProcessTable, supervisor: Identity | None, job_dir:
         and not process.is_zombie
         and _carries(table, process, SUPERVISOR_MARK) == job_dir
     )
+
+
+# --- the run-id fence --------------------------------------------------------------------------
+#
+# A relaunch looks at the job (train_launch's probe), then stops and cleans up what it saw. Another
+# relaunch of the same job (a watchdog's run and an alert's at once) may relaunch it in between: the
+# stop and the clean-up are given the run the look saw (expect_run_id) and leave a newer live run alone.
+
+
+def check_expect_run_id(value: Any) -> str | None:
+    """`expect_run_id` as given: None (no fence: today's behaviour), "" (the look saw no run of the job)
+    or a run id; BadOption, naming the option, for anything else."""
+    if value is None or value == "":
+        return value
+    if not isinstance(value, str) or not RUN_ID.fullmatch(value):
+        raise BadOption("expect_run_id", f"{escape_controls(repr(value))} is not a run id (the run_id or health.run_id "
+                                         f"train_launch returns: letters, digits, '_' and '-', at most 64), nor empty "
+                                         f"(no run was seen)")
+    return value
+
+
+def supersedes(expected: str | None, current: str | None, alive: Callable[[], bool]) -> bool:
+    """Whether the job's recorded run `current` is a newer run than the one a step was sent for (`expected`,
+    "" for none) and alive, so that the step must leave it alone. No fence (`expected` None), no recorded
+    run, the expected run itself, or a newer run that is not alive: False (the step does what it always did).
+    `alive` is asked only when the runs differ."""
+    return expected is not None and current is not None and current != expected and alive()
 
 
 def leader_alive(identity: JobIdentity, proc_root: str = "/proc") -> bool:

@@ -58,7 +58,13 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment i
     AssessmentOptions,
     assess_table,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import OtherJobs, own_job_dir
+from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs import (
+    OtherJobs,
+    newer_run_why,
+    other_job_why,
+    own_job_dir,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import check_expect_run_id
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Judged, Verdict, worst
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     DENIED,
@@ -359,6 +365,9 @@ class ReapResult:
     found: Assessment
     left: Assessment
     other_jobs: list[dict[str, Any]] = field(default_factory=list)
+    # The run-id fence (expect_run_id given): the job's newer live run that was left alone, if a look found one.
+    fenced: bool = False
+    newer_run: dict[str, Any] | None = None
 
     @property
     def first(self) -> ReapPlan:
@@ -376,10 +385,12 @@ class ReapResult:
         alone, and the look's own findings where the look asks for more than the ladder does (in
         check mode, or with nothing to execute, that is what was found)."""
         judgement = Verdict(list(self._ladder.findings))
-        for job_dir, pids in _by_job(self.other_jobs).items():
-            judgement.add(FindingKind.OTHER_JOB, Escalation.NONE,
-                          f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
-                          f"(name that job with job_name to select its processes)", pids)
+        newer = [entry for entry in self.other_jobs if entry.get("newer_run")]
+        for job_dir, pids in _by_job([entry for entry in self.other_jobs if not entry.get("newer_run")]).items():
+            judgement.add(FindingKind.OTHER_JOB, Escalation.NONE, other_job_why(job_dir, pids), pids)
+        if newer:
+            pids = sorted(entry["pid"] for entry in newer)
+            judgement.add(FindingKind.OTHER_JOB, Escalation.NONE, newer_run_why(newer[0]["run_id"], pids), pids)
         beyond = self._left_beyond_ladder
         if beyond.escalation.rank > self._ladder.escalation.rank:
             judgement.extend(beyond)
@@ -418,6 +429,7 @@ class ReapResult:
             "found": _look(self.found),
             "left": _look(self.left),
             "elapsed": round(self.elapsed, 3),
+            **({"superseded": self.newer_run is not None, "newer_run": self.newer_run} if self.fenced else {}),
         }
 
 
@@ -473,6 +485,9 @@ def options_from_params(
         for option in ("term_timeout", "kill_timeout", "reap_timeout", "d_state_timeout")
     }
     orphan_grace = checks.check(check_timeout, "orphan_grace", params["orphan_grace"], maximum=MAX_ORPHAN_GRACE)
+    expect_run_id = checks.check(check_expect_run_id, params.get("expect_run_id"))
+    if params.get("expect_run_id") is not None and params.get("job_name") is None:
+        checks.add("expect_run_id", "needs job_name (and job_state_dir): the run it names is a run of that job")
     if not check_mode:
         checks.check(check_own_namespace, params["proc_root"])
     checks.raise_if_any()
@@ -485,7 +500,7 @@ def options_from_params(
         reap_parents=params["reap_parents"],
         orphan_grace=float(orphan_grace or 0.0),
     )
-    return dataclasses.replace(selector, job_dir=job_dir), protected, options
+    return dataclasses.replace(selector, job_dir=job_dir, expect_run_id=expect_run_id), protected, options
 
 
 @dataclass
@@ -513,7 +528,7 @@ def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pa
     table = ProcessTable.scan(proc_root)
     own = own_pid_in(proc_root)
     protection = Protection(table, protected, own)
-    other_jobs = OtherJobs(table, selector.job_dir)
+    other_jobs = OtherJobs(table, selector.job_dir, expect_run_id=selector.expect_run_id)
     if refuse_broad:
         refuse_broad_selection(selector, table, protection, own, other_jobs.reason)
     job = selector.select(table, protection, spared=other_jobs.reason) if not selector.is_empty else set()
@@ -551,8 +566,9 @@ def reap_job(
     plan = plan_reap(look.table, selector, look.protection, options, look.other_jobs.reason)
     plans = [plan]
     other_jobs = {(entry["pid"], entry["starttime"]): entry for entry in look.other_jobs.report()}
+    fence = {"fenced": selector.expect_run_id is not None, "newer_run": look.other_jobs.superseded()}
     if check_mode or plan.is_empty:
-        return ReapResult(plans, None, clock() - started, found, found, list(other_jobs.values()))
+        return ReapResult(plans, None, clock() - started, found, found, list(other_jobs.values()), **fence)
     outcome = Executor(plan, control, look.protection, options, clock, sleep).run()
     seen = {i.key for i in plan.job}
     while True:
@@ -564,16 +580,18 @@ def reap_job(
         if not newcomers or len(plans) == MAX_ROUNDS:
             break
         follow_up = JobSelector(pids=tuple(newcomers), include_descendants=selector.include_descendants,
-                                job_dir=selector.job_dir)
+                                job_dir=selector.job_dir, expect_run_id=selector.expect_run_id)
         plan = plan_reap(look.table, follow_up, look.protection, options, look.other_jobs.reason)
         plans.append(plan)
         for entry in look.other_jobs.report():
             other_jobs.setdefault((entry["pid"], entry["starttime"]), entry)
+        fence["newer_run"] = fence["newer_run"] or look.other_jobs.superseded()
         seen |= {i.key for i in plan.job}
         outcome.merge(Executor(plan, control, look.protection, options, clock, sleep, len(plans)).run())
     left = look.assess(looks, clock, sleep)
     _name_held_devices(outcome, look.table, left)
-    return ReapResult(plans, outcome, clock() - started, found, left, list(other_jobs.values()))
+    fence["newer_run"] = fence["newer_run"] or look.other_jobs.superseded()
+    return ReapResult(plans, outcome, clock() - started, found, left, list(other_jobs.values()), **fence)
 
 
 def _name_held_devices(outcome: Outcome, table: ProcessTable, left: Assessment) -> None:
@@ -593,6 +611,10 @@ def summary(result: ReapResult, check_mode: bool) -> str:
     """One line for the task output."""
     plan = result.first
     missing = f"; pids {format_pids(plan.missing_pids)} do not exist" if plan.missing_pids else ""
+    if result.newer_run is not None:
+        newer = result.newer_run
+        missing += (f"; the job's newer run {newer['run_id']} (pid {newer['pid']}), started meanwhile by another run, "
+                    f"was left alone")
     if plan.is_empty:
         return f"nothing to reap: no process of the job is left{missing}"
     if check_mode or result.outcome is None:

@@ -30,6 +30,15 @@ symlink whose every directory is root's or this user's and lets no one else rena
 
 Only the processes a selection names, their descendants and the ancestors of those are looked at
 (their ``environ``), never the whole table.
+
+The run-id fence: a selection for one run of its job (``expect_run_id``: the run a relaunch's look
+saw, "" for none) leaves a *newer* run of that job alone, as it leaves another job's. The newer run is
+the one the job's believed records (``run.json``) name when its run id is not the expected one and its
+main process runs (``tree.leader_alive``); its members are proven by ancestry only - the processes at
+and below its proven supervisor or its proven main process - never by a mark. Another relaunch of the
+same job started it after the look (a watchdog's run and an alert's at once), and did its own clean-up
+first; what descends from the run's supervisor (the job's child subreaper, which adopts what the run
+orphans) is that run's.
 """
 
 from __future__ import annotations
@@ -51,9 +60,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
     JobIdentity,
     RecordError,
+    leader_alive,
     proven_supervisor,
     recorded_identity,
     same_directory,
+    supersedes,
 )
 
 RUN_MARK_PROOF = "run_mark"
@@ -86,9 +97,15 @@ class OtherJob:
     run_id: str | None
     proof: str
     supervisor_pid: int | None = None
+    # The selection's own job, in a newer run than the one the selection is for (the run-id fence).
+    newer_run: bool = False
 
     def why(self) -> str:
         run = f" (run {self.run_id})" if self.run_id else ""
+        if self.newer_run:
+            return (f"belongs to this job's newer run {self.run_id}, started after the run the selection is for: "
+                    f"it is or descends from that run's {'main process' if self.proof == RUN_PROOF else 'supervisor'}, "
+                    f"pid {self.supervisor_pid}")
         if self.proof == RUN_MARK_PROOF:
             how = "it carries that run's mark"
         elif self.proof == RUN_PROOF:
@@ -118,10 +135,14 @@ class OtherJobs:
     Each answer is kept, so a process is looked at once however often it is asked about.
     """
 
-    def __init__(self, table: ProcessTable, own_job_dir: str | None, control: ProcessControl | None = None) -> None:
+    def __init__(self, table: ProcessTable, own_job_dir: str | None, control: ProcessControl | None = None,
+                 expect_run_id: str | None = None) -> None:
         self.table = table
         self.own_job_dir = own_job_dir
         self.control = control or ProcessControl(table.proc_root)
+        # The run of the own job the selection is for ("" for none; None: no fence).
+        self.expect_run_id = expect_run_id
+        self._newer: list[JobIdentity | None] = []
         self._claims: dict[int, OtherJob | None] = {}
         self._heads: dict[int, OtherJob | None] = {}
         self._records: dict[str, _Records | None] = {}
@@ -148,11 +169,31 @@ class OtherJobs:
     def report(self) -> list[dict[str, Any]]:
         """The claimed processes, for a module's result (``other_jobs``)."""
         processes = self.table.processes
+        fenced = self.expect_run_id is not None
         return [
             {"pid": pid, "starttime": processes[pid].starttime, "comm": processes[pid].comm,
-             "job_dir": claim.job_dir, "run_id": claim.run_id, "proof": claim.proof}
+             "job_dir": claim.job_dir, "run_id": claim.run_id, "proof": claim.proof,
+             **({"newer_run": claim.newer_run} if fenced else {})}
             for pid, claim in self.claimed.items()
         ]
+
+    @property
+    def newer_run(self) -> JobIdentity | None:
+        """The own job's newer live run, which the selection leaves alone (the run-id fence), or None:
+        no fence, no own job, records that cannot be believed, the expected run, or a run that does not run."""
+        if not self._newer:
+            run = None
+            if self.expect_run_id is not None and self.own_job_dir is not None:
+                run = (self._believed(self.own_job_dir) or _Records(None, None)).run
+            found = run is not None and supersedes(self.expect_run_id, run.run_id,
+                                                   lambda: leader_alive(run, self.table.proc_root))
+            self._newer.append(run if found else None)
+        return self._newer[0]
+
+    def superseded(self) -> dict[str, Any] | None:
+        """The newer run for a module's result (``newer_run``): run_id, pid, starttime; None without one."""
+        run = self.newer_run
+        return {"run_id": run.run_id, "pid": run.pid, "starttime": run.starttime} if run is not None else None
 
     def add_findings(self, verdict: Verdict) -> None:
         """One finding (kind ``other_job``, escalation none) per job whose processes were left alone, and
@@ -160,10 +201,13 @@ class OtherJobs:
         by_job: dict[str, list[int]] = {}
         for pid, claim in self.claimed.items():
             by_job.setdefault(claim.job_dir, []).append(pid)
+        newer = sorted(pid for pid, claim in self.claimed.items() if claim.newer_run)
         for job_dir, pids in sorted(by_job.items()):
-            verdict.add(FindingKind.OTHER_JOB, Escalation.NONE,
-                        f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
-                        f"(name that job with job_name to select its processes)", pids)
+            pids = [pid for pid in pids if pid not in newer]
+            if pids:
+                verdict.add(FindingKind.OTHER_JOB, Escalation.NONE, other_job_why(job_dir, pids), pids)
+        if newer:
+            verdict.add(FindingKind.OTHER_JOB, Escalation.NONE, newer_run_why(self.claimed[newer[0]].run_id, newer), newer)
         for pid, (marked, proven) in sorted(self.conflicts.items()):
             whose = "this job" if proven == self.own_job_dir else f"the job {proven}"
             verdict.add(FindingKind.MARK_CONFLICT, Escalation.SIGNALS,
@@ -212,7 +256,8 @@ class OtherJobs:
             if marked is not None:
                 self.conflicts[pid] = (marked, self.own_job_dir if self.is_own(head.job_dir) else head.job_dir)
             if self.is_own(head.job_dir):
-                return None  # the selection's own job, whatever its marks say
+                # The selection's own job, whatever its marks say - unless it is the job's newer run.
+                return self._newer_run_claim(head)
             mark = self.control.environ_value(Identity.of(process), RUN_MARK)
             run = (self._believed(head.job_dir) or _Records(None, None)).run
             if mark is not None and run is not None and run.marks(process, mark):
@@ -229,6 +274,14 @@ class OtherJobs:
             if run is not None and run.marks(process, mark):
                 return OtherJob(job_dir, run_id, RUN_MARK_PROOF)
         return None
+
+    def _newer_run_claim(self, head: OtherJob) -> OtherJob | None:
+        """`head` (a proven supervisor or main process of the own job) as the newer run's, where it is that
+        run's recorded supervisor or main process; None (the selection's) otherwise."""
+        run = self.newer_run
+        if run is None or head.supervisor_pid is None or head.supervisor_pid not in (run.supervisor_pid, run.pid):
+            return None
+        return OtherJob(head.job_dir, run.run_id, head.proof, head.supervisor_pid, newer_run=True)
 
     def _lineage(self, pid: int) -> list[int]:
         """`pid` and its ancestors below the namespace's PID 1."""
@@ -265,6 +318,18 @@ class OtherJobs:
         if job_dir not in self._records:
             self._records[job_dir] = _read_records(job_dir) if trustworthy_job_dir(job_dir) else None
         return self._records[job_dir]
+
+
+def other_job_why(job_dir: str, pids: list[int]) -> str:
+    """The finding's why for `pids` of another job, left alone."""
+    return (f"pids {format_pids(pids)} match the selection but belong to the job {job_dir}: left alone "
+            f"(name that job with job_name to select its processes)")
+
+
+def newer_run_why(run_id: str | None, pids: list[int]) -> str:
+    """The finding's why for `pids` of the selection's own job's newer run (the run-id fence), left alone."""
+    return (f"pids {format_pids(pids)} match the selection but belong to this job's newer run {run_id}, started "
+            f"meanwhile by another run (expect_run_id names an older one): left alone")
 
 
 def trustworthy_job_dir(job_dir: str) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
     FAILED_EARLY, FLEET_STATUSES, NOT_LOOKED, Rank, RelaunchInputError, alerted_job_hosts, check_fleet_wide, check_ranks, check_ranks_in_inventory,
     check_strategy, clearance, decide, failure_message, fleet_line, fleet_summary, host_summary, outcome_line, rank_of,
+    seen_run, superseded,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
     CHECK_DIR, FLEET_FILE, ReportError, file_name_part, report_dir, summary_file_name, write_report,
@@ -30,7 +31,7 @@ RANKS = Rank(0, ("a", "b", "c"), "a", 29500)
 def test_a_single_host_takes_the_probes_decision_as_it_is():
     decision = decide(probe("relaunch", "crashed", "the job is crashed: exit 1", True))
     assert decision == {"action": "relaunch", "relaunch": True, "why": "the job is crashed: exit 1", "resume": True,
-                        "resume_mode": None, "stop": True, "wanted_by": []}
+                        "resume_mode": None, "stop": True, "wanted_by": [], "expect_run_id": ""}
 
 
 def test_the_stop_runs_only_when_something_of_the_job_runs():
@@ -53,7 +54,7 @@ def test_an_alert_for_another_job_does_nothing_and_says_so(action):
     stopped or launched, and the crash-loop guard is not asked either."""
     decision = decide(probe(action, "crashed", resume=True), alerted_job="old-llm", job_name="llm")
     assert decision == {"action": "none", "relaunch": False, "resume": False, "resume_mode": None, "stop": False,
-                        "wanted_by": [], "why": decision["why"]}
+                        "wanted_by": [], "why": decision["why"], "expect_run_id": ""}
     assert decision["why"] == ("the alert names the job 'old-llm', but this host's job (job_launch_name) is 'llm': "
                                "nothing is done")
     # A rank of a multi-rank job: the other ranks' wishes do not make it relaunch for another job's alert.
@@ -336,6 +337,51 @@ def test_a_launch_that_found_the_job_started_by_another_run_is_no_relaunch_of_th
     assert outcome_line(summary, "llm").startswith("h1 [llm]: crashed, nothing done: the job is crashed")
     # In check mode a launch starts nothing either: that is what would_relaunch says, not this.
     assert host_summary("h1", True, results, None, None)["status"] == "would_relaunch"
+
+
+# --- the run-id fence: the stop and the clean-up are for the run the probe saw ------------------------------------
+
+def test_the_decision_names_the_run_its_probe_saw_for_the_stop_and_the_clean_up():
+    crashed = dict(probe("relaunch", "crashed"), health={"state": "crashed", "reason": "exit 1", "run_id": "x1"})
+    assert decide(crashed)["expect_run_id"] == "x1"
+    # Never ran (or records not sound): "", so that any run found later is newer.
+    assert seen_run(probe("relaunch", "missing")) == "" and seen_run({}) == "" and seen_run({"health": None}) == ""
+    # Every rank of a multi-rank job names its own probe's run.
+    others = {"a": crashed, "b": probe(), "c": probe()}
+    assert decide(probe(), RANKS, others)["expect_run_id"] == ""
+    assert decide(crashed, RANKS, others)["expect_run_id"] == "x1"
+
+
+def test_a_step_that_left_a_newer_run_alone_is_superseded():
+    assert superseded({"superseded": True}) and superseded({}, {"superseded": True, "changed": False})
+    assert not superseded(None, {}, {"superseded": False}, {"skipped": True, "superseded": True}, "x")
+
+
+def test_a_clean_up_superseded_by_a_newer_run_clears_the_launch_without_a_drain():
+    """The drain was skipped (its registered result says so): the GPUs are the newer run's, nothing to wait for."""
+    cleanup = dict(reaped("none"), superseded=True, newer_run={"run_id": "y2", "pid": 4388})
+    answer = clearance(cleanup, {"skipped": True, "changed": False}, False, False, False, "h1")
+    assert answer["clear"] is True and answer["reset"] is False and answer["blocked"] is None
+    # Without the fence a skipped drain is no answer of a drain either: the clean-up alone decides.
+    assert clearance(reaped("none"), {"skipped": True}, False, False, False, "h1")["clear"] is True
+
+
+def test_a_relaunch_whose_stop_and_clean_up_left_a_newer_run_alone_says_another_run_started_it():
+    """Two relaunch runs at once: this one's stop and clean-up found a newer run (another run's relaunch) and left it
+    alone, its drain was skipped, its launch found that run running with this spec: it started nothing, and says so."""
+    results = full_results()
+    newer = {"run_id": "y2", "pid": 4388, "starttime": 1, "started_at": "t"}
+    results["stop"] = {"changed": False, "superseded": True, "newer_run": newer, "incident": None, "elapsed": 0.1}
+    results["cleanup"] = dict(results["cleanup"], superseded=True, newer_run=newer, ended=[])
+    results["drain"] = {"skipped": True, "changed": False}
+    results["launch"] = {"changed": False, "operation": "none", "pid": 4388, "running": True, "elapsed": 0.3,
+                         "relaunch_guard": {"recent": 2, "needed": False}}
+    summary = host_summary("h1", False, results, None, None)
+    assert summary["relaunched"] is False and summary["status"] == "unchanged" and summary["incident"] is None
+    assert summary["why"].endswith("the job already ran with this spec (pid 4388), started meanwhile by another run: "
+                                   "this run started nothing")
+    assert summary["after"] == {"state": "running", "recent_relaunches": 1} and summary["ended"] == []
+    assert summary["gpu_released"] is None and "drain" not in summary["seconds"]
 
 
 def test_the_summary_names_processes_whose_marks_contradicted_their_ancestry():

@@ -300,3 +300,19 @@ def test_an_internal_error_is_not_reported_as_a_bad_option(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="a bug") as caught:
         checked(params(tmp_path))
     assert not isinstance(caught.value, BadOption)
+
+
+# --- the run-id fence: expect_run_id, state=stopped only ------------------------------------------------------------
+
+def test_expect_run_id_is_a_run_id_or_empty_and_only_for_a_stop(tmp_path) -> None:
+    stop = {"state": "stopped", "command": None}
+    assert options_from_params(params(tmp_path, **stop)).expect_run_id is None
+    assert options_from_params(params(tmp_path, expect_run_id="", **stop)).expect_run_id == ""
+    assert options_from_params(params(tmp_path, expect_run_id="3f2a9c0e", **stop)).expect_run_id == "3f2a9c0e"
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(params(tmp_path, expect_run_id="../x\x1b", **stop))
+    assert caught.value.options == ["expect_run_id"] and "'../x\\x1b' is not a run id" in str(caught.value)
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(params(tmp_path, expect_run_id="3f2a9c0e"))
+    assert caught.value.options == ["expect_run_id"]
+    assert "expect_run_id: only with state=stopped (the run a stop is for), not with state=started" in str(caught.value)

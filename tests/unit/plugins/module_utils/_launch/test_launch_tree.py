@@ -22,12 +22,15 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import (
     JobIdentity,
     RecordError,
+    check_expect_run_id,
     leader_alive,
     look,
     prove,
     stop_tree,
+    supersedes,
     wake_idle_supervisor,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import procfs
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
@@ -444,3 +447,33 @@ def test_the_look_proves_again_only_the_processes_that_carry_the_runs_mark(tmp_p
     assert view.members == {200, 202} and not [path for path in reads if path.endswith("/cmdline")]
     assert view.table.processes[200].cmdline == "python3 \\x1b[2Jtrain.py"
     assert [path for path in reads if path.endswith("/cmdline")] == [f"{tmp_path}/200/cmdline"]
+
+
+# --- the run-id fence ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("expected,current,alive,answer", [
+    (None, "y", True, False),  # no fence: today's behaviour
+    ("x", None, True, False),  # no recorded run
+    ("x", "x", True, False),  # the run the look saw
+    ("x", "y", False, False),  # a newer run that does not run: nothing of it to protect
+    ("x", "y", True, True),  # a newer live run: another relaunch's
+    ("", "y", True, True),  # the look saw no run: any live run is newer
+])
+def test_a_newer_live_run_supersedes_the_run_a_step_was_sent_for(expected, current, alive, answer):
+    asked = []
+
+    def is_alive():
+        asked.append(True)
+        return alive
+    assert supersedes(expected, current, is_alive) is answer
+    # Liveness is read only when the runs differ.
+    assert bool(asked) == (expected is not None and current is not None and current != expected)
+
+
+def test_expect_run_id_is_a_run_id_or_empty_else_named():
+    assert check_expect_run_id(None) is None and check_expect_run_id("") == ""
+    assert check_expect_run_id("3f2a9c0e5b8d4e1f9a7c6b5d4e3f2a1b") == "3f2a9c0e5b8d4e1f9a7c6b5d4e3f2a1b"
+    for bad in ("../etc", "a" * 65, "x\n", 5):
+        with pytest.raises(BadOption) as caught:
+            check_expect_run_id(bad)
+        assert caught.value.option == "expect_run_id" and "\n" not in caught.value.reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,10 @@ def host(tmp_path):
     return str(proc.root), a, b, tmp_path
 
 
-def select(root: str, own: str | None, match=(r"/w/run/train\.py",), pids=()) -> tuple[set[int], OtherJobs]:
+def select(root: str, own: str | None, match=(r"/w/run/train\.py",), pids=(), expect: str | None = None
+           ) -> tuple[set[int], OtherJobs]:
     table = ProcessTable.scan(root)
-    others = OtherJobs(table, own)
+    others = OtherJobs(table, own, expect_run_id=expect)
     selector = JobSelector.from_options(list(match), list(pids), True)
     return selector.select(table, Protection(table, (), own_pid=900), spared=others.reason), others
 
@@ -215,3 +217,52 @@ def test_a_worker_of_a_carrying_b_s_marks_is_a_s_and_the_conflict_is_a_finding(h
     verdict_b = Verdict()
     others_b.add_findings(verdict_b)
     assert [f.pids for f in verdict_b.findings if f.kind == "mark_conflict"] == [(25,)]
+
+
+# --- the run-id fence: a selection for an older run of its job leaves the job's newer live run alone --------------
+
+def test_a_selection_for_an_older_run_leaves_the_newer_live_run_alone(host):
+    """Two relaunch runs at once: B's clean-up is for run "old" (what its look saw), A has since started RUN_A
+    (supervisor 20, leader 21). A's run - its proven supervisor and everything below it, 23 without any mark
+    included - is left alone and reported; a leftover of the old run (40, orphaned to init) is still taken."""
+    root, a, _b, _tmp = host
+    FakeProc(Path(root)).add(40, "python3", cmdline=SCRIPT + ["--old-worker"], starttime=1500,
+                             environ={RUN_MARK: run_mark(a, "old")})
+    job, others = select(root, a, expect="old")
+    assert job == {40}
+    assert {pid: (claim.newer_run, claim.run_id, claim.proof) for pid, claim in others.claimed.items()} == {
+        21: (True, RUN_A, SUPERVISOR_PROOF), 22: (True, RUN_A, SUPERVISOR_PROOF), 23: (True, RUN_A, SUPERVISOR_PROOF),
+        31: (False, "b0", RUN_MARK_PROOF)}  # B's, another job, as without the fence
+    assert others.superseded() == {"run_id": RUN_A, "pid": 21, "starttime": 2100}
+    assert [(entry["pid"], entry["newer_run"], entry["job_dir"]) for entry in others.report()] == [
+        (21, True, a), (22, True, a), (23, True, a), (31, False, _b)]
+    verdict = Verdict()
+    others.add_findings(verdict)
+    assert [(str(f.kind), f.escalation.value, list(f.pids)) for f in verdict.findings] == [
+        ("other_job", "none", [31]), ("other_job", "none", [21, 22, 23])]
+    assert "this job's newer run a1b2, started meanwhile by another run" in verdict.findings[1].why
+    # "" (the look saw no run): any live run is newer.
+    job, others = select(root, a, expect="")
+    assert job == {40} and others.superseded()["run_id"] == RUN_A
+
+
+@pytest.mark.parametrize("expect", [RUN_A, None])
+def test_the_expected_run_or_no_fence_is_the_selection_s_as_before(host, expect):
+    root, a, _b, _tmp = host
+    job, others = select(root, a, expect=expect)
+    assert job == {21, 22, 23} and set(others.claimed) == {31} and others.superseded() is None
+
+
+def test_a_newer_run_that_does_not_run_is_no_newer_run(host):
+    """The recorded run ended (its leader is gone): nothing of it to protect, the selection takes what is left."""
+    root, a, _b, _tmp = host
+    shutil.rmtree(Path(root) / "21")
+    job, others = select(root, a, expect="old")
+    assert others.superseded() is None and job == {22, 23}
+
+
+def test_the_fence_believes_only_records_nobody_else_could_have_written(host):
+    root, a, _b, _tmp = host
+    Path(a).chmod(0o777)
+    job, others = select(root, a, expect="old")
+    assert others.superseded() is None and job == {21, 22, 23}

@@ -212,3 +212,16 @@ def test_an_internal_error_is_not_reported_as_a_bad_option(monkeypatch):
     with pytest.raises(ValueError, match="a bug") as caught:
         options_from_params(reap_params(), check_mode=True)
     assert not isinstance(caught.value, (BadOption, OptionsInvalid))
+
+
+def test_expect_run_id_needs_the_job_and_is_a_run_id():
+    selector, _protected, _options = options_from_params(
+        reap_params(job_name="llm", job_state_dir="/var/lib/gpuops", expect_run_id="3f2a9c0e"), check_mode=True)
+    assert selector.job_dir == "/var/lib/gpuops/llm" and selector.expect_run_id == "3f2a9c0e"
+    assert options_from_params(reap_params(), check_mode=True)[0].expect_run_id is None
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(reap_params(expect_run_id="3f2a9c0e"), check_mode=True)
+    assert caught.value.options == ["expect_run_id"] and "needs job_name" in str(caught.value)
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(reap_params(job_name="llm", expect_run_id="a b"), check_mode=True)
+    assert caught.value.options == ["expect_run_id"] and "'a b' is not a run id" in str(caught.value)
