@@ -132,6 +132,10 @@ options:
         never by a mark or a command line. They are listed in RV(other_jobs) (with C(newer_run=true)) and a
         finding of kind V(other_job); RV(superseded) is true and RV(newer_run) names the run. What else the
         selection takes is cleaned up as without this option.
+      - Before it looks, a clean-up with this option waits (up to 10 minutes) for the job's lock, which
+        M(gpuops.relaunch.train_launch) holds while it stops the job or starts and proves a run (a start in
+        progress has launched its run before it records it, and the look must see the recorded run). It fails,
+        naming this option, when the lock stays held or cannot be opened.
       - Unset, the selection takes the job's processes whatever run they belong to.
         The C(gpuops.relaunch.relaunch) role passes the run its probe saw.
     type: str
@@ -406,6 +410,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC, BroadSelectionError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.executor import (
+    JobLockError,
     options_from_params,
     reap_job,
     summary,
@@ -442,6 +447,8 @@ def main() -> None:
         module.fail_json(msg=str(exc), refused=exc.reasons, job=exc.job, plan=[], actions=[], signals_sent=0, changed=False)
     except ProcfsError as exc:
         module.fail_json(msg=f"proc_root: {exc}", changed=False)
+    except JobLockError as exc:
+        module.fail_json(msg=f"expect_run_id: the job's lock: {exc}", changed=False)
     except OSError as exc:
         module.fail_json(msg=f"signalling failed: {exc}")
     report = result.as_dict()

@@ -7,11 +7,13 @@ this test's) stays inside it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shlex
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +278,52 @@ def test_a_relaunch_that_looked_at_an_older_run_leaves_the_newer_run_alone(ns: T
     by_hand = ask(ns, "stopped")
     assert by_hand["changed"] is True and "superseded" not in by_hand, by_hand
     assert ns.host_pid(fresh["pid"]) is None or process_starttime(host) != started
+
+
+def test_a_fenced_clean_up_waits_for_the_jobs_lock(ns: Target) -> None:
+    """A start in progress holds the job's lock and records its run only after it launched it; a clean-up
+    for an older run (expect_run_id) takes that lock before it looks, so it never sees the new run
+    unrecorded. Here the test holds the lock: the clean-up waits with the lock file open, and goes on,
+    leaving the job (which no run of the job owns) to the selection as before, once it is free."""
+    command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2")
+    first = ask(ns, "started", command=command)
+    stopped = ask(ns, "stopped")
+    assert stopped["changed"] is True, stopped
+    lock = job_dir(ns) / ".lock"
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    done: dict[str, Any] = {}
+
+    def clean_up() -> None:
+        done["run"] = ns.play([{"name": "reap", "gpuops.relaunch.zombie_reap": {
+            "match": [re.escape(f"--tag {ns.work}")], "job_name": "job", "job_state_dir": ns.state_dir,
+            "expect_run_id": first["run_id"], "term_timeout": 2}}])
+    worker = threading.Thread(target=clean_up)
+    try:
+        worker.start()
+        wait_until(lambda: any(opened(pid, lock) for pid in other_pids()), what="the clean-up waiting on the job's lock")
+        assert worker.is_alive() and "run" not in done
+    finally:
+        os.close(holder)
+        worker.join(timeout=120)
+    cleanup = done["run"].result("reap")
+    assert "failed" not in cleanup and cleanup["superseded"] is False and cleanup["newer_run"] is None, cleanup
+
+
+def other_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
+
+
+def opened(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open (its fd links), read as far as it still exists."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            continue
+    return False

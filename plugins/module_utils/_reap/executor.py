@@ -64,6 +64,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.other_jobs i
     other_job_why,
     own_job_dir,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import check_expect_run_id
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Judged, Verdict, worst
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
@@ -537,6 +538,28 @@ def snapshot_for_plan(proc_root: str, selector: JobSelector, protected: tuple[Pa
     return Snapshot(table, protection, other_jobs, job, own)
 
 
+# How long a fenced clean-up waits for the job's lock: a train_launch task holds it while it stops the
+# job and proves a new start (its term_timeout, startup_timeout and margins; 30 + 120 + 90 by default).
+JOB_LOCK_WAIT = 600.0
+
+
+class JobLockError(Exception):
+    """The job's lock was not taken: another task held it too long, or it could not be opened."""
+
+
+def wait_for_job_lock(job_dir: str, timeout: float = JOB_LOCK_WAIT) -> None:
+    """Take the job's lock (train_launch's, held until this module exits), where the job's directory
+    exists. The run-id fence's last gap: a start in progress has launched its run before it records
+    it, so a look in between would take the new run for the selection's; under the lock the look sees
+    the recorded run. JobLockError when another task holds the lock past `timeout` or it cannot be opened."""
+    records = JobRecords(job_dir)
+    if records.is_real_dir():
+        try:
+            records.lock(timeout)
+        except OSError as exc:
+            raise JobLockError(str(exc)) from None
+
+
 def reap_job(
     selector: JobSelector,
     protected: Iterable[Pattern[str]],
@@ -558,6 +581,8 @@ def reap_job(
     second scan.
     """
     started = clock()
+    if selector.expect_run_id is not None and selector.job_dir is not None and not check_mode:
+        wait_for_job_lock(selector.job_dir)
     patterns = tuple(protected)
     looks = AssessmentOptions(selector=selector, protected=patterns, device_glob=device_glob, orphan_grace=options.orphan_grace)
     control = control or ProcessControl(proc_root)
