@@ -11,6 +11,7 @@ import pytest
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import control
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import LaunchController, LaunchError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
+from tests.harness.launch_targets import end_recorded_runs
 
 GONE_PID = 4194000  # above any pid this machine hands out
 
@@ -36,7 +37,9 @@ def job_fixture(tmp_path):
     (job / "run.json").write_text(json.dumps({
         "run_id": "r1", "pid": GONE_PID, "starttime": 5, "backend": "supervisor", "spec_hash": "x",
         "log_path": str(tmp_path / "train.log"), "started_at": "2026-12-03T10:00:00+00:00"}))
-    return job
+    yield job
+    # A failed start leaves its supervisor waiting idle for the next one (idle.json): end it.
+    end_recorded_runs(tmp_path / "state")
 
 
 def listing(path) -> dict[str, bytes]:
