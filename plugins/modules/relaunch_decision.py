@@ -169,7 +169,8 @@ host_fails:
   type: bool
 nothing_left:
   description:
-    - RV(done) and the host does not fail (RV(host_fails) false): nothing more is to be done for it in the play.
+    - >-
+      RV(done) and the host does not fail (RV(host_fails) false), so nothing more is to be done for it in the play.
       C(playbooks/relaunch.yml) ends such a host's play at once (C(meta: end_host)).
   returned: always, except when O(rank_looks) is given
   type: bool
