@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -19,6 +19,7 @@ display = Display()
 ARGUMENT_SPEC = {
     "summary_var": {"type": "str", "default": "relaunch_summary"},
     "started_var": {"type": "str", "default": "relaunch_decided"},
+    "summarized_var": {"type": "str", "default": "relaunch_summarized"},
     "summary_dir": {"type": "str", "default": ""},
 }
 
@@ -42,13 +43,13 @@ class ActionModule(ActionBase):
         # unreachable host); hosts of later batches have done neither, and are not in the summary yet.
         for host in task_vars.get("ansible_play_hosts_all") or []:
             host_vars = hostvars[host]
-            if host_vars.get(args["started_var"]) is None:
+            decided = host_vars.get(args["started_var"])
+            if decided is None:
                 if host not in active:
                     summaries[host] = None
                     early.append(host)
                 continue
-            summary = host_vars.get(args["summary_var"])
-            summaries[host] = summary if isinstance(summary, dict) else None
+            summaries[host] = this_runs_summary(decided, host_vars.get(args["summarized_var"]), args["summary_var"])
         fleet = fleet_summary(summaries, failed_early=early)
         line = fleet_line(fleet)
         display.display(line, stderr=True)
@@ -76,3 +77,15 @@ class ActionModule(ActionBase):
             except ReportError as exc:
                 return dict(result, failed=True, msg=f"summary_dir: {exc}")
         return result
+
+
+def this_runs_summary(decided: Any, summarized: Any, fact: str) -> dict[str, Any] | None:
+    """A host's summary as this run made it: the fact `fact` in the registered result of the task that
+    set it (the decision's where it finished the host, else the summary task's), never the host's
+    fact itself, which a fact cache (AWX's fact storage, jsonfile) carries over from an earlier run to a
+    host that did not get that far this time (unreachable at the decision or during the steps). None:
+    no summary this run."""
+    source = decided if isinstance(decided, Mapping) and decided.get("done") else summarized
+    facts = source.get("ansible_facts") if isinstance(source, Mapping) else None
+    summary = facts.get(fact) if isinstance(facts, Mapping) else None
+    return summary if isinstance(summary, dict) else None

@@ -12,8 +12,11 @@ short_description: "Sum up a relaunch over every host of the play: per host, per
 version_added: 0.1.0
 description:
   - >-
-    Reads each play host's summary (fact C(relaunch_summary)) from C(hostvars); a host that got as far as the decision
-    but has no summary counts as failed, and so does a host that failed before it (the role's argument check, an
+    Reads each play host's summary as this run made it: the fact O(summary_var) in the registered result of the task
+    that set it, O(started_var) (the decision, where it finished the host) or else O(summarized_var) (the relaunch role's
+    summary task), never the host's fact itself, which a fact cache (AWX's fact storage, the jsonfile cache) carries
+    over from an earlier run to a host that did not get that far this time. A host that got as far as the decision
+    but has no summary this run counts as failed, and so does a host that failed before it (the role's argument check, an
     unreachable host: C(failed) says so); hosts of later batches are not in it yet. Run it once (C(run_once)).
   - >-
     Displays one line (how many hosts, how many of each status, which failed; the whole summary shows at -v), sets the
@@ -37,13 +40,18 @@ seealso:
   - module: gpuops.relaunch.fleet_merge
 options:
   summary_var:
-    description: The fact holding each host's summary.
+    description: The fact holding each host's summary (read from the registered results, see above).
     type: str
     default: relaunch_summary
   started_var:
     description: The variable a host has once it got as far as the decision (the relaunch role registers it).
     type: str
     default: relaunch_decided
+  summarized_var:
+    description: The registered result of the summary task (the relaunch role registers it), for a host the decision did not finish.
+    type: str
+    default: relaunch_summarized
+    version_added: 0.2.0
   summary_dir:
     description:
       - When set, also write DIR/fleet.json on the controller (no host's summary file, DIR/HOST@JOB.json, can have that name);

@@ -327,6 +327,7 @@ OTHER_NAMES: dict[str, str] = {
     "relaunch_launch": "registered by relaunch",
     "relaunch_clearance": "fact of relaunch_clearance",
     "relaunch_summary": "fact of relaunch_summary",
+    "relaunch_summarized": "registered by relaunch (relaunch_summary's result, which relaunch_fleet reads)",
     "relaunch_fleet": "fact of relaunch_fleet",
     # extensions/awx/setup_awx.yml
     "relaunch_awx_credential_type": "extensions/awx",

@@ -65,8 +65,9 @@ class Site:
         path.write_text(json.dumps({"all": {"hosts": self.vars}}), encoding="utf-8")
         return str(path)
 
-    def relaunch(self, extra_vars: dict[str, Any] | None = None, extra_args: list[str] | None = None) -> PlaybookRun:
-        return run_playbook(PLAYBOOK, inventory=self.inventory(), extra_vars=extra_vars, extra_args=extra_args)
+    def relaunch(self, extra_vars: dict[str, Any] | None = None, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> PlaybookRun:
+        return run_playbook(PLAYBOOK, inventory=self.inventory(), extra_vars=extra_vars, extra_args=extra_args, env=env)
 
     def run_record(self, host: str) -> dict | None:
         path = Path(self.state_dirs[host], self.names[host], "run.json")
@@ -143,6 +144,25 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
     assert quiet.tasks_run("job-b") == 1 and quiet.tasks_run("job-a") > 1, quiet.stats
     assert sorted(quiet.result("Sum up the fleet")["fleet"]["hosts"]) == list(HOSTS)
     assert site.pids() == after_inventory
+
+
+def test_a_host_unreachable_this_run_is_failed_in_the_fleet_whatever_a_fact_cache_kept(site: Site, tmp_path: Path) -> None:
+    """With a fact cache that outlives the run (AWX's fact storage; here the jsonfile cache), the last run's
+    relaunch_summary fact of a host is still there when that host is unreachable at this run's decision. The
+    fleet summary reads this run's registered results instead: the host failed, unreachable."""
+    cache = {"ANSIBLE_CACHE_PLUGIN": "ansible.builtin.jsonfile", "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")}
+    first = site.relaunch(env=cache)
+    assert first.rc == 0 and all(summary["relaunched"] for summary in summaries(first).values()), first.stdout[-3000:]
+    reachable = dict(site.vars["job-b"])
+    site.vars["job-b"].update(ansible_connection="ssh", ansible_host="127.0.0.1", ansible_port=1)
+    try:
+        run = site.relaunch(env=cache)
+    finally:
+        site.vars["job-b"] = reachable
+    assert run.rc != 0
+    fleet = run.result("Sum up the fleet")["fleet"]
+    assert fleet["hosts"]["job-b"]["status"] == "failed", fleet
+    assert fleet["hosts"]["job-a"]["status"] == "unchanged", fleet
 
 
 @pytest.mark.parametrize("missing", ["job_launch_name", "job_launch_command"])
