@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import FleetError, fleet_line, merge_fleets
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
@@ -30,16 +30,14 @@ MUTUALLY_EXCLUSIVE = [["parts", "workflow_job"]]
 _STATS_KEY = re.compile(re.escape(FLEET_STATS_PREFIX) + r"[0-9]+")
 
 
-class ActionModule(ActionBase):
+class ActionModule(CheckedAction):
     """Runs on the controller only."""
 
-    TRANSFERS_FILES = False
+    ARGUMENT_SPEC = ARGUMENT_SPEC
+    MUTUALLY_EXCLUSIVE = MUTUALLY_EXCLUSIVE
     _requires_connection = False
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
-        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE)
+    def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         directory = report_dir(args["summary_dir"], bool(self._task.check_mode)) if args["summary_dir"] else ""
         try:
             fleets, dest, source = self._parts(args, directory, task_vars)

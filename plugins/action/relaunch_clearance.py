@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import clearance
 
 ARGUMENT_SPEC = {
@@ -18,16 +18,13 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
+class ActionModule(CheckedAction):
     """Runs on the controller only."""
 
-    TRANSFERS_FILES = False
+    ARGUMENT_SPEC = ARGUMENT_SPEC
     _requires_connection = False
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
-        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         answer = clearance(args["cleanup"], args["drain"], args["reset_allowed"], args["reset_done"],
                            bool(self._task.check_mode), task_vars["inventory_hostname"])
         result.update(changed=False, ansible_facts={"relaunch_clearance": answer}, **answer)

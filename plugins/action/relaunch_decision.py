@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
     RelaunchInputError, awx_job, check_fleet_wide, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
@@ -35,16 +35,13 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
+class ActionModule(CheckedAction):
     """Without rank_looks: one module run on the target (the probe), the decision and, when nothing
     more is to be done, the summary. With rank_looks: the controller only, the whole job's decision."""
 
-    TRANSFERS_FILES = False
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
-        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         host = task_vars["inventory_hostname"]
         if args["rank_looks"] is not None:
             return dict(result, **self._decide_with_ranks(host, args))
@@ -145,11 +142,9 @@ class ActionModule(ActionBase):
     def _publish(self, host: str, probe: dict[str, Any] | None, decision: dict[str, Any] | None,
                  args: Mapping[str, Any], task_vars: dict[str, Any], failure: str | None = None,
                  reach_target: bool = True) -> dict[str, Any]:
-        def run_module(name: str, module_args: dict[str, Any]) -> dict[str, Any]:
-            return self._execute_module(module_name=name, module_args=module_args, task_vars=task_vars)
         return publish(host, bool(self._task.check_mode), {"probe": probe, "decision": decision}, failure, None,
                        args["job_name"], args["summary_dir"], args["metrics_dir"] if reach_target else "",
-                       args["fail_host"], run_module)
+                       args["fail_host"], self.module_runner(task_vars))
 
     @staticmethod
     def _decide_with_ranks(host: str, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import awx_job, fleet_line, fleet_summary
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files import (
     FLEET_STATS_PREFIX, ReportError, fleet_file_name, fleet_part, report_dir, write_report,
@@ -24,16 +24,13 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    """Runs on the controller only. Reads every play host's summary from hostvars."""
+class ActionModule(CheckedAction):
+    """Runs on the controller only. Reads every play host's summary from this run's registered results."""
 
-    TRANSFERS_FILES = False
+    ARGUMENT_SPEC = ARGUMENT_SPEC
     _requires_connection = False
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
-        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         hostvars = task_vars.get("hostvars", {})
         active = set(task_vars.get("ansible_play_hosts") or [])
         summaries: dict[str, Any] = {}

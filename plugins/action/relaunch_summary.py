@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
 
 ARGUMENT_SPEC = {
@@ -22,20 +22,14 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
+class ActionModule(CheckedAction):
     """Runs on the controller; with metrics_dir it also runs relaunch_metrics on the target (the same
     connection, no task more)."""
 
-    TRANSFERS_FILES = False
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
-        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-
-        def run_module(name: str, module_args: dict[str, Any]) -> dict[str, Any]:
-            return self._execute_module(module_name=name, module_args=module_args, task_vars=task_vars)
+    def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         result.update(publish(task_vars["inventory_hostname"], bool(self._task.check_mode), args["results"],
                               args["failure"] or None, args["rank"], args["job_name"], args["summary_dir"],
-                              args["metrics_dir"], args["fail_host"], run_module))
+                              args["metrics_dir"], args["fail_host"], self.module_runner(task_vars)))
         return result

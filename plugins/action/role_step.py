@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import (
     MODULE_PREFIX, name_the_variables, unknown_variables,
@@ -20,15 +20,12 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
+class ActionModule(CheckedAction):
     """Builds the module's arguments on the controller and runs the module on the target (one module run)."""
 
-    TRANSFERS_FILES = False
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
-        _validated, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         unknown = unknown_variables(task_vars)
         if unknown:
             result.update(failed=True, changed=False, msg="; ".join(unknown), unknown_variables=unknown)

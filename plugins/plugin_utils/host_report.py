@@ -7,10 +7,11 @@ decision publish it the same way through :func:`publish`."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ansible.utils.display import Display
 
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import ModuleRunner
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
     failure_message, host_summary, outcome_line,
 )
@@ -19,9 +20,6 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.report_files impor
 )
 
 display = Display()
-
-# Runs a module on the target: (module name, its arguments) -> its result.
-ModuleRunner = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: str | None,
