@@ -5,10 +5,10 @@
 Ansible checks a role's variables with a task of its own ("Validating arguments against arg spec
 'main'") wherever the role's ``main`` entry point is included: per host a worker that templates the
 whole spec (86 options with their descriptions) before a module runs, about as much controller CPU as
-the probe's own task. ``playbooks/relaunch.yml`` imports the entry point ``host`` instead
-(``tasks/host.yml``: the same tasks, with no spec of its own, so Ansible adds no task), and the decision
-makes the same check here, against the same options, before anything reaches the target. An include
-of ``main`` gets both; the second finds what the first did.
+the probe's own task. ``playbooks/relaunch.yml`` imports the entry points ``decide`` and ``relaunch``
+instead (``tasks/decide.yml``, ``tasks/relaunch.yml``: no spec of their own, so Ansible adds no task),
+and the decision makes the same check here, against the same options, before anything reaches the
+target. An include of ``main`` gets both; the second finds what the first did.
 
 The spec is read once per ansible-playbook: the strategy loads the action plugin in its main process
 before it forks the workers, and they inherit it.
