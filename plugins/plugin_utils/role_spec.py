@@ -16,6 +16,7 @@ before it forks the workers, and they inherit it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -56,5 +57,9 @@ def role_variable_errors(task_vars: Mapping[str, Any], template: Callable[[Any],
             continue
         except AnsibleError as exc:
             errors.append(f"{name} does not template: {exc.message}")
-    messages = ArgumentSpecValidator(dict(options)).validate(provided).error_messages
-    return [escape_controls(message) for message in errors + messages]
+    checked = ArgumentSpecValidator(dict(options)).validate(provided)
+    # Every module refuses a number that is not finite (a NaN timeout never ends), but only when its step
+    # runs: a drain's NaN after the job was stopped. Refused here, nothing has changed yet.
+    not_finite = [f"{name} must be a finite number, got {value!r}" for name, value in checked.validated_parameters.items()
+                  if options[name].get("type") == "float" and isinstance(value, float) and not math.isfinite(value)]
+    return [escape_controls(message) for message in errors + checked.error_messages + not_finite]

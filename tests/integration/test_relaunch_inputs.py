@@ -111,6 +111,12 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
         assert {summary["status"] for summary in summaries(refused).values()} == {"failed"}
         assert site.pids() == running
 
+    # A NaN drain timeout with the force: refused at the decision, before the stop would end the job
+    # (gpu_mem_wait refuses it too, but only once the job is gone).
+    nan = site.relaunch({"relaunch_force": True, "gpu_drain_timeout": float("nan")}, ["--limit", "job-a"])
+    assert "gpu_drain_timeout must be a finite number, got nan" in nan.result(REFUSE, "job-a")["msg"]
+    assert STOP not in nan.tasks and Path(f"/proc/{running['job-a']}").exists()
+
     # Named with --limit: that host only is forced.
     limited = site.relaunch({"relaunch_force": True}, ["--limit", "job-a"])
     assert limited.rc == 0, limited.stdout[-4000:]

@@ -61,3 +61,9 @@ def test_a_variable_that_does_not_template_is_named_and_control_characters_are_e
     # A choice's message quotes the value given.
     escaped = errors(dict(JOB, job_launch_backend="cron\x1b[2J"))
     assert len(escaped) == 1 and "\x1b" not in escaped[0] and "got: cron\\x1b[2J" in escaped[0], escaped
+
+
+def test_a_number_that_is_not_finite_is_refused_before_its_step_would_refuse_it():
+    found = errors(dict(JOB, gpu_drain_timeout=float("nan"), process_cleanup_term_timeout="inf", job_launch_min_uptime=2))
+    assert sorted(found) == ["gpu_drain_timeout must be a finite number, got nan",
+                             "process_cleanup_term_timeout must be a finite number, got inf"], found
