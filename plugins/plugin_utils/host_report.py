@@ -28,14 +28,12 @@ def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: st
     """The result of a task that summarizes `host`: `summary`, the facts and stats, the files' paths,
     `host_fails`, `msg` (one line; the host fails with the failure message instead when `fail_host` and it
     failed or was refused). The line is also displayed: the task's result is shown in full only at -v."""
-    if not job_name:
-        if failure is None:
-            if summary_dir:
-                return {"failed": True, "msg": "summary_dir needs job_name (a file per host and job: DIR/HOST@JOB.json)"}
-        else:
-            # A host that failed before its job had a name (job_launch_name unset) has no file to name:
-            # its failure is the message.
-            summary_dir = metrics_dir = ""
+    if not job_name and failure is not None:
+        # A host that failed before its job had a name (job_launch_name unset) has no file to name: its
+        # failure is the message.
+        summary_dir = metrics_dir = ""
+    elif not job_name and summary_dir:
+        return {"failed": True, "msg": "summary_dir needs job_name (a file per host and job: DIR/HOST@JOB.json)"}
     summary = host_summary(host, check_mode, results, failure, rank)
     line = outcome_line(summary, job_name)
     result: dict[str, Any] = {

@@ -598,6 +598,7 @@ def reap_job(
     seen = {i.key for i in plan.job}
     while True:
         look = snapshot_for_plan(proc_root, selector, patterns)
+        fence["newer_run"] = fence["newer_run"] or look.other_jobs.superseded()
         newcomers = sorted(
             pid for pid in look.job
             if Identity.of(look.table.processes[pid]).key not in seen and not look.table.processes[pid].is_zombie
@@ -610,12 +611,10 @@ def reap_job(
         plans.append(plan)
         for entry in look.other_jobs.report():
             other_jobs.setdefault((entry["pid"], entry["starttime"]), entry)
-        fence["newer_run"] = fence["newer_run"] or look.other_jobs.superseded()
         seen |= {i.key for i in plan.job}
         outcome.merge(Executor(plan, control, look.protection, options, clock, sleep, len(plans)).run())
     left = look.assess(looks, clock, sleep)
     _name_held_devices(outcome, look.table, left)
-    fence["newer_run"] = fence["newer_run"] or look.other_jobs.superseded()
     return ReapResult(plans, outcome, clock() - started, found, left, list(other_jobs.values()), **fence)
 
 

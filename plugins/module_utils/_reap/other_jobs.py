@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
@@ -142,7 +143,6 @@ class OtherJobs:
         self.control = control or ProcessControl(table.proc_root)
         # The run of the own job the selection is for ("" for none; None: no fence).
         self.expect_run_id = expect_run_id
-        self._newer: list[JobIdentity | None] = []
         self._claims: dict[int, OtherJob | None] = {}
         self._heads: dict[int, OtherJob | None] = {}
         self._records: dict[str, _Records | None] = {}
@@ -177,18 +177,16 @@ class OtherJobs:
             for pid, claim in self.claimed.items()
         ]
 
-    @property
+    @cached_property
     def newer_run(self) -> JobIdentity | None:
         """The own job's newer live run, which the selection leaves alone (the run-id fence), or None:
         no fence, no own job, records that cannot be believed, the expected run, or a run that does not run."""
-        if not self._newer:
-            run = None
-            if self.expect_run_id is not None and self.own_job_dir is not None:
-                run = (self._believed(self.own_job_dir) or _Records(None, None)).run
-            found = run is not None and supersedes(self.expect_run_id, run.run_id,
-                                                   lambda: leader_alive(run, self.table.proc_root))
-            self._newer.append(run if found else None)
-        return self._newer[0]
+        if self.expect_run_id is None or self.own_job_dir is None:
+            return None
+        run = (self._believed(self.own_job_dir) or _Records(None, None)).run
+        if run is None or not supersedes(self.expect_run_id, run.run_id, lambda: leader_alive(run, self.table.proc_root)):
+            return None
+        return run
 
     def superseded(self) -> dict[str, Any] | None:
         """The newer run for a module's result (``newer_run``): run_id, pid, starttime; None without one."""
