@@ -1,8 +1,9 @@
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action for gpuops.relaunch.relaunch_decision: look at the job (train_launch's probe, the one module run
-of a healthy host) and decide whether to relaunch it; summarize a host that needs nothing more
-(see plugin_utils/relaunch_flow for the decisions, plugin_utils/role_vars for the probe's options)."""
+of a healthy host) and decide whether to relaunch it; relaunch a job of one host in the same task
+(plugin_utils/relaunch_steps); summarize a host that needs nothing more (see plugin_utils/relaunch_flow for
+the decisions, plugin_utils/role_vars for the modules' options)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
     RelaunchInputError, awx_job, check_fleet_wide, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
     decide, rank_of,
 )
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import StepRunner, relaunch_one_host
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_spec import role_variable_errors
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, unknown_variables
@@ -68,6 +70,13 @@ class ActionModule(CheckedAction):
         rank_facts = rank.as_dict() if rank is not None else None
         # A rank decides with its job's other ranks in the next step; a job of one host is decided now.
         done = rank is None and not decision["relaunch"]
+        relaunched = None
+        if rank is None and decision["relaunch"]:
+            relaunched = relaunch_one_host(self._step_runner(task_vars), decision,
+                                           _true(self._templar.template(task_vars.get("container_reset_allowed"))),
+                                           bool(self._task.check_mode), host)
+            # Only a container reboot helps: the role reboots, looks again and launches (roles/relaunch/tasks/steps.yml).
+            done = not relaunched["reset"]
         if probe.get("diff"):
             # --diff: what a restart would change in the job's spec (command, env, log path, backend ...).
             result["diff"] = probe["diff"]
@@ -77,10 +86,19 @@ class ActionModule(CheckedAction):
         result.update(changed=False, probe=probe, decision=decision, rank=rank_facts, done=done, msg=decision["why"],
                       launch_options=launch_options,
                       ansible_facts={"relaunch_decision": decision, "relaunch_rank": rank_facts})
+        if relaunched is not None:
+            steps = relaunched["steps"]
+            result.update(steps=steps, changed=any(bool(step.get("changed")) for step in steps.values() if step))
+            result["ansible_facts"]["relaunch_clearance"] = steps["clearance"]
         if done:
-            published = self._publish(host, probe, decision, args, task_vars)
+            failure = relaunched["failure"] if relaunched else None
+            unreachable = bool(relaunched and relaunched["unreachable"])
+            published = self._publish(host, probe, decision, args, task_vars, failure=failure, reach_target=not unreachable,
+                                      steps=relaunched["steps"] if relaunched else None)
             facts = dict(result["ansible_facts"], **published.pop("ansible_facts", {}))
             result.update(published, ansible_facts=facts)
+            if unreachable:
+                result.update(unreachable=True, msg=failure)
         # Nothing is left for this host in the play: summarized, and neither failed nor refused.
         result["nothing_left"] = done and not result.get("host_fails")
         return result
@@ -115,6 +133,19 @@ class ActionModule(CheckedAction):
             play = getattr(play, "_play", None) or getattr(play, "_parent", None)
         return getattr(play, "strategy", None)
 
+    def _step_runner(self, task_vars: dict[str, Any]) -> StepRunner:
+        """Runs a step's module with its options from the role variables; the drain's module run gets
+        gpu_drain_environment (as the role's drain task does)."""
+        drain_environment = self._templar.template(task_vars.get("gpu_drain_environment") or {})
+
+        def run(module: str, options: Mapping[str, Any], drain: bool) -> dict[str, Any]:
+            answer = self.run_role_module(module, options, task_vars, drain_environment if drain else None)
+            # The module's echo of its arguments is the task's own (the job's command and environment): noise in
+            # every result shown at -v.
+            answer.pop("invocation", None)
+            return answer
+        return run
+
     def _probe_options(self, args: Mapping[str, Any], rank: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
         """train_launch's options for state=probe from the role variables (the spec the launch would start)."""
         options = options_from_variables("train_launch", self._templar.template, task_vars)
@@ -141,8 +172,9 @@ class ActionModule(CheckedAction):
 
     def _publish(self, host: str, probe: dict[str, Any] | None, decision: dict[str, Any] | None,
                  args: Mapping[str, Any], task_vars: dict[str, Any], failure: str | None = None,
-                 reach_target: bool = True) -> dict[str, Any]:
-        return publish(host, bool(self._task.check_mode), {"probe": probe, "decision": decision}, failure, None,
+                 reach_target: bool = True, steps: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        results = {"probe": probe, "decision": decision, **(steps or {})}
+        return publish(host, bool(self._task.check_mode), results, failure, None,
                        args["job_name"], args["summary_dir"], args["metrics_dir"] if reach_target else "",
                        args["fail_host"], self.module_runner(task_vars))
 

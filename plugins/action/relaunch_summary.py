@@ -10,9 +10,11 @@ from typing import Any
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import step_results
 
 ARGUMENT_SPEC = {
     "results": {"type": "dict", "required": True},
+    "decision_steps": {"type": "dict", "default": {}},
     "failure": {"type": "str"},
     "rank": {"type": "dict"},
     "job_name": {"type": "str", "default": ""},
@@ -29,7 +31,8 @@ class ActionModule(CheckedAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-        result.update(publish(task_vars["inventory_hostname"], bool(self._task.check_mode), args["results"],
+        results = step_results(args["results"], args["decision_steps"])
+        result.update(publish(task_vars["inventory_hostname"], bool(self._task.check_mode), results,
                               args["failure"] or None, args["rank"], args["job_name"], args["summary_dir"],
                               args["metrics_dir"], args["fail_host"], self.module_runner(task_vars)))
         return result

@@ -9,10 +9,7 @@ from typing import Any
 
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import (
-    MODULE_PREFIX, name_the_variables, unknown_variables,
-)
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import MODULE_PREFIX, unknown_variables
 
 ARGUMENT_SPEC = {
     "module": {"type": "str", "required": True, "choices": sorted(MODULE_PREFIX)},
@@ -30,16 +27,5 @@ class ActionModule(CheckedAction):
         if unknown:
             result.update(failed=True, changed=False, msg="; ".join(unknown), unknown_variables=unknown)
             return result
-        module = args["module"]
-        explicit = args["options"]
-        module_options = {**options_from_variables(module, self._templar.template, task_vars), **explicit}
-        answer = self._execute_module(module_name=f"gpuops.relaunch.{module}", module_args=module_options,
-                                      task_vars=task_vars)
-        if answer.get("failed") and answer.get("option_problems"):
-            answer["msg"] = name_the_variables(module, str(answer.get("msg") or ""), answer["option_problems"],
-                                               explicit=explicit)
-            # ansible-core 2.19 and later print a failure from its captured summary of the module's own message,
-            # which names the option, not the variable; a bad option has no traceback to keep.
-            answer.pop("exception", None)
-        result.update(answer)
+        result.update(self.run_role_module(args["module"], args["options"], task_vars))
         return result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: relaunch_decision
-short_description: "Look at this host's job and decide whether to relaunch it, for every rank of a multi-rank job at once"
+short_description: "Look at this host's job, decide whether to relaunch it (with every rank of its job), relaunch a job of one host"
 version_added: 0.1.0
 description:
   - >-
@@ -16,9 +16,19 @@ description:
     module run of a healthy host), with the options the role variables give it (C(job_launch_*), mapped once in
     C(plugins/plugin_utils/role_vars.py)), and decides from its RV(gpuops.relaunch.train_launch#module:decision).
   - >-
+    For a job of one host that must be relaunched, relaunches it in the same task: stops it (where something of it
+    runs), ends what the last run left (M(gpuops.relaunch.zombie_reap)), waits for the GPUs
+    (M(gpuops.relaunch.gpu_mem_wait), with C(gpu_drain_environment)), checks that nothing left blocks the launch
+    (M(gpuops.relaunch.relaunch_clearance)'s rule) and launches it (M(gpuops.relaunch.train_launch)), each a module run
+    on the target with the options the role variables give, stopping at the first step that fails (RV(steps)). Where
+    only a container reboot helps and C(container_reset_allowed) is true, it stops before the launch and the role
+    reboots the container, looks again and launches.
+  - >-
     For a job of one host that needs nothing more (running with its spec, refused by the crash-loop guard, an alert
-    about another job or host), also summarizes the host as M(gpuops.relaunch.relaunch_summary) does (O(summary_dir),
-    O(metrics_dir), O(fail_host)) and returns RV(done): the relaunch role then runs no other task on it.
+    about another job or host) or that was relaunched here (or failed on the way), also summarizes the host as
+    M(gpuops.relaunch.relaunch_summary) does (O(summary_dir), O(metrics_dir), O(fail_host)) and returns RV(done): the
+    relaunch role then runs no other task on it. A step that failed fails the host with O(fail_host), naming the
+    step.
   - >-
     A rank of a multi-rank job (O(ranks)) decides with its job in a second run of this action, given every rank's look
     (O(rank_looks)): one rank that must be relaunched (or that the crash-loop guard refuses) relaunches every rank; a
@@ -41,7 +51,8 @@ description:
     this host, decides V(none) and says so: nothing is stopped or launched for an alert about another job or host.
   - >-
     Sets the facts C(relaunch_decision) and C(relaunch_rank) (null for a job of one host), both on every run, so that
-    nothing reads what an earlier include of the role, for another job, left.
+    nothing reads what an earlier include of the role, for another job, left; and C(relaunch_clearance) where it
+    checked the clearance.
 author:
   - gpuops.relaunch maintainers (@gpuops)
 extends_documentation_fragment:
@@ -96,10 +107,14 @@ options:
     default: true
 attributes:
   action:
-    description: Runs on the controller as an action plugin; it runs train_launch (and relaunch_metrics) on the target.
+    description: >-
+      Runs on the controller as an action plugin; it runs train_launch (and, relaunching a job of one host, zombie_reap,
+      gpu_mem_wait and train_launch again; with O(metrics_dir) relaunch_metrics) on the target.
     support: full
   check_mode:
-    description: The probe changes nothing; in check mode the summary says what a real run would do.
+    description: >-
+      The probe changes nothing; in check mode each step of a relaunch runs in check mode, and the summary says what a
+      real run would do.
     support: full
   diff_mode:
     description: With C(--diff), returns the probe's diff of the job's spec (what a restart would change).
@@ -115,7 +130,7 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Look at the job and decide whether to relaunch it
+- name: Look at the job, decide, and relaunch a job of one host
   gpuops.relaunch.relaunch_decision:
     force: "{{ relaunch_force | bool }}"
     ranks: "{{ job_launch_ranks | default(omit) }}"
@@ -157,8 +172,23 @@ launch_options:
   returned: when the probe ran
   type: dict
   sample: {env: {MASTER_ADDR: 10.0.0.1, MASTER_PORT: "29500", NODE_RANK: "1", NNODES: "2"}, metrics_rank0: gpu1}
+steps:
+  description:
+    - >-
+      For a job of one host that was relaunched here, each step's result: C(stop), C(cleanup) and C(launch)
+      (M(gpuops.relaunch.train_launch)'s and M(gpuops.relaunch.zombie_reap)'s results), C(drain)
+      (M(gpuops.relaunch.gpu_mem_wait)'s) and C(clearance) (as M(gpuops.relaunch.relaunch_clearance) returns it);
+      null for a step that did not run (the stop when nothing of the job ran, the drain when the clean-up left a newer
+      run alone, everything after a step that failed, the launch when only a container reboot helps).
+  returned: when a job of one host was relaunched here
+  type: dict
+  sample: {stop: {changed: true, operation: stopped}, cleanup: {escalation: none}, drain: {released: true},
+           clearance: {clear: true, reset: false}, launch: {changed: true, pid: 4242}}
 done:
-  description: Whether this host is decided and summarized (a job of one host that needs nothing more).
+  description:
+    - >-
+      Whether this host is decided and summarized: a job of one host that needs nothing more, or that was relaunched
+      here (false while a container reboot is pending).
   returned: when the probe ran
   type: bool
 host_fails:

@@ -36,6 +36,14 @@ options:
         C(reset_wait), C(cleanup_again), C(drain_again), C(launch); null or skipped for a step that did not run.
     type: dict
     required: true
+  decision_steps:
+    description:
+      - >-
+        The steps the decision's task ran itself (RV(gpuops.relaunch.relaunch_decision#module:steps)): for a job of one
+        host whose container had to be rebooted, the stop, the clean-up and the drain before the reboot. A step's
+        result in O(results) that is not null wins.
+    type: dict
+    default: {}
   failure:
     description: Why a step failed (C(TASK - MESSAGE)); unset when none did.
     type: str

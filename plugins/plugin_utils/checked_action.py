@@ -5,9 +5,12 @@ action's own spec before it acts, and a runner for the modules it runs on the ta
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables
 
 # Runs a module on the target: (module name, its arguments) -> its result.
 ModuleRunner = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -38,3 +41,27 @@ class CheckedAction(ActionBase):
         def run_module(name: str, module_args: dict[str, Any]) -> dict[str, Any]:
             return self._execute_module(module_name=name, module_args=module_args, task_vars=task_vars)
         return run_module
+
+    def run_role_module(self, module: str, explicit: Mapping[str, Any], task_vars: dict[str, Any],
+                        environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run a step role's module (train_launch, zombie_reap, gpu_mem_wait) on the target with its options
+        from the role variables (plugin_utils/role_vars); the `explicit` options win. `environment` is added
+        to the task's own for this module run only. A refused option is named by the role variable the
+        user set (job_launch_command: ...), not only by the module's option."""
+        module_options = {**options_from_variables(module, self._templar.template, task_vars), **explicit}
+        inherited = self._task.environment
+        if environment:
+            parents = inherited if isinstance(inherited, list) else [inherited] if inherited else []
+            self._task.environment = [*parents, dict(environment)]
+        try:
+            answer = self._execute_module(module_name=f"gpuops.relaunch.{module}", module_args=module_options,
+                                          task_vars=task_vars)
+        finally:
+            self._task.environment = inherited
+        if answer.get("failed") and answer.get("option_problems"):
+            answer["msg"] = name_the_variables(module, str(answer.get("msg") or ""), answer["option_problems"],
+                                               explicit=explicit)
+            # ansible-core 2.19 and later print a failure from its captured summary of the module's own message,
+            # which names the option, not the variable; a bad option has no traceback to keep.
+            answer.pop("exception", None)
+        return answer

@@ -435,6 +435,14 @@ def _elapsed(*results: Mapping[str, Any]) -> float | None:
     return round(sum(seconds), 3) if seconds else None
 
 
+def step_results(registered: Mapping[str, Any], decision_steps: Mapping[str, Any]) -> dict[str, Any]:
+    """The results of one relaunch's steps: those the role's tasks registered, and where a task did not run (null,
+    or skipped) the decision's own (a job of one host runs its stop, clean-up and drain in the decision's task, and
+    its tasks for the ranks are skipped)."""
+    ran = {name: value for name, value in registered.items() if _result(value)}
+    return {**registered, **decision_steps, **ran}
+
+
 def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failure: str | None,
                  rank: Mapping[str, Any] | None) -> dict[str, Any]:
     """One host's summary from the results the role registered (see roles/relaunch/tasks).

@@ -65,6 +65,24 @@ class PlaybookRun:
                 return entry
         raise KeyError(f"task {task_name!r} did not run on {host!r}")
 
+    def step(self, name: str, host: str | None = None) -> dict[str, Any]:
+        """The result of one step of a relaunch (a key of STEP_TASKS) on `host` (or the only host): from the
+        decision's task where it ran the step, else from the role's task for it (the last run of it)."""
+        for entry in self.tasks.get(DECIDE_TASK, []):
+            if host is None or entry["_host"] == host:
+                ran = (entry.get("steps") or {}).get(name)
+                if ran is not None:
+                    return ran
+        self.result(STEP_TASKS[name], host)  # a clear KeyError when it never ran
+        return [entry for entry in self.tasks[STEP_TASKS[name]] if host is None or entry["_host"] == host][-1]
+
+    def ran_step(self, name: str, host: str | None = None) -> bool:
+        """Whether a relaunch ran the step (see step())."""
+        try:
+            return not self.step(name, host).get("skipped")
+        except KeyError:
+            return False
+
     def summary(self, host: str | None = None) -> dict[str, Any]:
         """The relaunch summary of `host` (or of the only host summarized)."""
         found = summaries(self)
@@ -75,7 +93,17 @@ class PlaybookRun:
         return found[host]
 
 
-SUMMARY_TASKS = ("Look at the job and decide whether to relaunch it", "Summarize")
+DECIDE_TASK = "Look at the job, decide, and relaunch a job of one host"
+SUMMARY_TASKS = (DECIDE_TASK, "Summarize")
+# The relaunch role's task for each step. A job of one host runs its steps in the decision's task (its result's
+# `steps`); the ranks of a multi-rank job, and a job of one host after a container reboot, in these tasks.
+STEP_TASKS = {
+    "stop": "Stop the job and wait until its whole process tree is gone",
+    "cleanup": "End what the last run left behind with the least force that works",
+    "drain": "Wait until the GPUs are released",
+    "clearance": "Check that nothing left blocks the launch",
+    "launch": "Launch the job and prove it started",
+}
 
 
 def summaries(run: PlaybookRun) -> dict[str, dict[str, Any]]:

@@ -34,7 +34,6 @@ from tests.harness.playbook import PlaybookRun, run_playbook
 from tests.integration.test_relaunch_e2e import (
     HOSTNAME,
     IN_CT_LOG,
-    LAUNCH,
     RELAUNCH,
     REBOOT,
     install_demo_files,
@@ -289,7 +288,7 @@ def test_the_relaunch_runs_end_to_end_through_it(node, ct_lab, tmp_path, control
     assert run.result(REBOOT)["changed"]
     assert ct_lab.container.starts == starts + 1
     assert not any(ct_lab.container.exists(ident) for ident in stale.all())
-    launch = run.tasks[LAUNCH][-1]
+    launch = run.step("launch")
     assert launch["changed"] and launch["ready_line"].startswith("step 1 "), explain(run)
     job = running_job(ct_lab.container, launch)
     assert "step 1 " in (ct_lab.container.rootfs / IN_CT_LOG.lstrip("/")).read_text(encoding="utf-8")

@@ -21,7 +21,7 @@ from tests.harness.procstates import state_of, wait_until
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 SUMMARY = "Summarize"
-PROBE = "Look at the job and decide whether to relaunch it"
+PROBE = "Look at the job, decide, and relaunch a job of one host"
 
 
 @pytest.fixture(name="site")

@@ -57,13 +57,9 @@ IN_CT_LOG = IN_CT_LOG_DIR + "/train.log"
 
 SUMMARY = "Summarize"
 # The relaunch role's steps (tests/harness/playbook.py finds "ROLE : NAME" by NAME).
-PROBE = "Look at the job and decide whether to relaunch it"
-CLEANUP = "End what the last run left behind with the least force that works"
-BLOCKED = "Check that nothing left blocks the launch"
+PROBE = "Look at the job, decide, and relaunch a job of one host"
 REBOOT = "gpuops.relaunch.container_reset : Reboot the container through the Proxmox API"
 RESET_BLOCK = "Reboot the container, where only that helps and the inventory allows it"  # the include
-LAUNCH = "Launch the job and prove it started"
-DRAIN = "Wait until the GPUs are released"
 DRAIN_AGAIN = "Wait again for the GPUs"
 
 
@@ -168,12 +164,6 @@ def start_stale_run(container: LxcContainer) -> StaleRun:
 # ------------------------------------------------------------------------------------ reading
 
 
-def last(run: PlaybookRun, task: str) -> dict[str, Any]:
-    """The last result of a task (a clear KeyError when it never ran)."""
-    run.result(task)  # a clear KeyError when it never ran
-    return run.tasks[task][-1]
-
-
 def summary(run: PlaybookRun) -> dict[str, Any]:
     return run.summary()
 
@@ -227,7 +217,7 @@ def test_relaunch_reboots_the_container_through_the_api_and_starts_the_job(lab, 
 
     assert run.rc == 0, explain(run)
     # The clean-up ended the stale run, and said that only a reboot clears its zombies.
-    first_look = run.result(CLEANUP)
+    first_look = run.step("cleanup")
     assert first_look["escalation"] == "container_reboot", explain(run)
     # One reboot, through the API, of the container whose configured hostname was checked first.
     assert posts(lab) == [("POST", f"/api2/json/nodes/{lab.node}/lxc/{VMID}/status/reboot")]
@@ -236,7 +226,7 @@ def test_relaunch_reboots_the_container_through_the_api_and_starts_the_job(lab, 
     assert config_read < seen.index(posts(lab)[0])
     reboot = run.result(REBOOT)
     # After the reboot: looked again, and waited for the GPUs again.
-    assert not run.result(DRAIN).get("skipped") and not run.result(DRAIN_AGAIN).get("skipped"), explain(run)
+    assert run.ran_step("drain") and not run.result(DRAIN_AGAIN).get("skipped"), explain(run)
     assert reboot["changed"] and reboot["hostname"] == HOSTNAME
     assert reboot["invocation"]["module_args"]["expected_hostname"] == HOSTNAME
     assert reboot["invocation"]["module_args"]["validate_certs"] is True
@@ -244,7 +234,7 @@ def test_relaunch_reboots_the_container_through_the_api_and_starts_the_job(lab, 
     assert lab.container.starts == 2 and lab.container.init_id != first_init
     assert not any(lab.container.exists(ident) for ident in stale.all())
     # The job runs under the supervisor, proven ready; its log says so.
-    launch = last(run, LAUNCH)
+    launch = run.step("launch")
     assert launch["changed"] and launch["backend"] == "supervisor"
     assert launch["ready_line"].startswith("step 1 ")
     job = running_job(lab.container, launch)
@@ -288,7 +278,7 @@ def test_check_mode_sends_no_post_and_starts_nothing(lab, pct_host, tmp_path):
     assert set(lab.container.processes()) == before
     assert all(lab.container.exists(ident) for ident in stale.all())
     assert not (lab.container.rootfs / IN_CT_LOG_DIR.lstrip("/")).exists()  # not even the log directory
-    assert last(run, LAUNCH)["msg"] == "would start the job with backend supervisor"
+    assert run.step("launch")["msg"] == "would start the job with backend supervisor"
     report = summary(run)
     assert report["relaunched"] is False and report["would_relaunch"] is True and report["check_mode"] is True
     assert report["found"] == "container_reboot" and report["job"]["pid"] is None
@@ -333,12 +323,13 @@ def test_a_host_not_allowed_to_reset_stops_with_the_reason_and_sends_nothing(lab
     run = run_playbook(RELAUNCH, inventory=inventory, timeout=400)
 
     assert run.rc != 0, explain(run)
-    blocked = run.result(BLOCKED)
-    assert blocked["failed"], explain(run)
-    assert "Only a container reboot helps (container_reset_allowed is false for this host)" in blocked["msg"]
+    blocked = run.step("clearance")
+    assert blocked["blocked"] and not blocked["reset"], explain(run)
+    assert "Only a container reboot helps (container_reset_allowed is false for this host)" in blocked["blocked"]
+    assert summary(run)["failed"] == f"Check that nothing left blocks the launch: {blocked['blocked']}"
     assert RESET_BLOCK not in run.tasks and REBOOT not in run.tasks, explain(run)
     # The only train_launch that ran is the probe, which said what a start would do.
-    assert run.result(PROBE)["probe"]["msg"] == "would start the job with backend supervisor" and LAUNCH not in run.tasks
+    assert run.result(PROBE)["probe"]["msg"] == "would start the job with backend supervisor" and not run.ran_step("launch")
     assert lab.server.requests() == []  # not even a login
     assert lab.container.init_id == first_init
     # The stale run was ended (the hung main process, the zombie leader's live thread), and what is

@@ -29,7 +29,6 @@ pytestmark = pytest.mark.slow
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 SUMMARY = "Summarize"
 REFUSED = "Fail this host when a step failed or the crash-loop guard refused"
-STOP = "Stop the job and wait until its whole process tree is gone"
 PYTHON = "/usr/bin/python3"
 # An init that reaps, as a container's usually does: after the simulated reboot nothing is left,
 # not even zombies (under the never-reaping sleep they would stay, and only a real reboot clears them).
@@ -158,7 +157,7 @@ def test_a_stalled_job_is_relaunched_with_evidence_and_resumed(site: Site) -> No
     assert done["health"]["state"] == "stalled" and done["health"]["last_step"] == "3"
     assert done["why"].startswith("the job is stalled: ")
     assert int(done["job"]["pid"]) != stalled["pid"]
-    stop = run.result(STOP)
+    stop = run.step("stop")
     assert stop["incident"] == done["incident"] and stop["health"]["state"] == "stalled"
     incident = json.loads(Path(done["incident"]).read_text())
     assert "stalling after step 3" in incident["log_tail"]
@@ -189,7 +188,7 @@ def test_a_finished_job_is_left_alone_unless_forced(site: Site) -> None:
     left = summary(run)
     assert left["action"] == "none" and left["relaunched"] is False and left["health"]["state"] == "finished"
     assert left["health"]["exit_code"] == 0 and "relaunch_force relaunches it" in left["why"]
-    assert changed_tasks(run) == [] and STOP not in run.tasks
+    assert changed_tasks(run) == [] and not run.ran_step("stop")
     forced = summary(site.relaunch(relaunch_force=True, relaunch_hosts="all"))
     assert forced["relaunched"] is True and forced["resumed"] is False  # never resumed after a finished run
     assert "resuming from" not in site.log.read_text()
@@ -227,7 +226,7 @@ def test_a_crashing_job_is_relaunched_until_the_guard_stops_it(site: Site) -> No
     failure = run.result(REFUSED)
     assert failure["failed"] is True and "max_relaunches=1" in failure["msg"]
     assert "Nothing was stopped" in failure["msg"] and "crashing after step 2" in failure["msg"]
-    assert STOP not in run.tasks  # nothing was stopped or started
+    assert not run.ran_step("stop")  # nothing was stopped or started
     assert site.health()["run_id"] == crashed["run_id"]
     assert json.loads((site.job_dir / "relaunches.json").read_text())["relaunches"][0]["health"] == "crashed"
 

@@ -22,9 +22,8 @@ pytestmark = pytest.mark.slow
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
 REFUSE = "Fail this host when a step failed or the crash-loop guard refused"
-DECIDE = "Look at the job and decide whether to relaunch it"
+DECIDE = "Look at the job, decide, and relaunch a job of one host"
 VALIDATE = "Validating arguments against arg spec 'main'"
-STOP = "Stop the job and wait until its whole process tree is gone"
 HOSTS = ("job-a", "job-b")
 
 
@@ -107,7 +106,7 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
                 assert "relaunch_host is not a variable of gpuops.relaunch (did you mean relaunch_hosts?)" in failure["msg"]
             else:
                 assert "relaunch_hosts" in failure["msg"] and "--limit" in failure["msg"], failure["msg"]
-        assert STOP not in refused.tasks
+        assert not refused.ran_step("stop")
         assert {summary["status"] for summary in summaries(refused).values()} == {"failed"}
         assert site.pids() == running
 
@@ -115,7 +114,7 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
     # (gpu_mem_wait refuses it too, but only once the job is gone).
     nan = site.relaunch({"relaunch_force": True, "gpu_drain_timeout": float("nan")}, ["--limit", "job-a"])
     assert "gpu_drain_timeout must be a finite number, got nan" in nan.result(REFUSE, "job-a")["msg"]
-    assert STOP not in nan.tasks and Path(f"/proc/{running['job-a']}").exists()
+    assert not nan.ran_step("stop") and Path(f"/proc/{running['job-a']}").exists()
 
     # Named with --limit: that host only is forced.
     limited = site.relaunch({"relaunch_force": True}, ["--limit", "job-a"])

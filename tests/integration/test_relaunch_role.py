@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.harness.launch_targets import end_recorded_runs
-from tests.harness.playbook import REPO, run_playbook
+from tests.harness.playbook import DECIDE_TASK, REPO, run_playbook
 from tests.harness.playbook import summaries as all_summaries
 
 HOSTS = ("gpu-a", "gpu-b")
@@ -107,7 +107,7 @@ def test_the_role_in_a_users_play_relaunches_once_and_then_changes_nothing(clust
         assert again.tasks_run(host) <= NOOP_TASKS + 3, again.stats
     # The user's own task after the role reads the role's summary; the job runs on, under the pid the first run proved.
     assert again.result("Our own step after", HOSTS[0])["ansible_facts"]["ours_status"] == "unchanged"
-    probe = again.result("Look at the job and decide whether to relaunch it", HOSTS[0])["probe"]
+    probe = again.result("Look at the job, decide, and relaunch a job of one host", HOSTS[0])["probe"]
     assert probe["pid"] == done[HOSTS[0]]["job"]["pid"] and probe["changed"] is False
 
 
@@ -123,14 +123,14 @@ def test_a_forced_relaunch_through_the_role_restarts_the_named_host_only(cluster
     everywhere = run_playbook(users_play(""), inventory=cluster["inventory"], extra_vars={"relaunch_force": True},
                               extra_args=["--skip-tags", "other"])
     assert everywhere.rc != 0
-    refusal = everywhere.result("Look at the job and decide whether to relaunch it", HOSTS[0])
+    refusal = everywhere.result("Look at the job, decide, and relaunch a job of one host", HOSTS[0])
     assert "neither relaunch_hosts nor --limit" in refusal["msg"]
     assert refusal.get("failed") is True
     # The crash-loop guard's reset alike (an AWX survey answered without choosing hosts): refused, fleet-wide.
     reset = run_playbook(users_play(""), inventory=cluster["inventory"], extra_vars={"job_launch_reset_guard": True},
                          extra_args=["--skip-tags", "other"])
     assert reset.rc != 0
-    refusal = reset.result("Look at the job and decide whether to relaunch it", HOSTS[0])
+    refusal = reset.result("Look at the job, decide, and relaunch a job of one host", HOSTS[0])
     assert refusal["msg"].startswith("job_launch_reset_guard is true on every host of the play"), refusal["msg"]
 
 
@@ -175,7 +175,9 @@ def test_each_include_is_its_own_relaunch_and_writes_its_own_file(tmp_path):
     try:
         run = run_playbook(play, inventory=str(inventory))
         assert run.rc == 0, run.stdout[-5000:] + run.stderr[-2000:]
-        first, second = (entry["ansible_facts"]["relaunch_summary"] for entry in run.tasks["Summarize"])
+        # The first job's ranks summarize in the role's task; the second, a job of one host, in its decision's.
+        [first] = (entry["ansible_facts"]["relaunch_summary"] for entry in run.tasks["Summarize"])
+        second = run.tasks[DECIDE_TASK][-1]["ansible_facts"]["relaunch_summary"]
         assert first["status"] == "failed" and first["rank"]["ranks"] == [host], first
         assert "Launch the job and prove it started" in first["failed"]
         # Nothing of the first include's: no failure, no rank (so no barrier and no stop again).

@@ -240,8 +240,10 @@ def test_a_relaunch_that_looked_at_an_older_run_leaves_the_newer_run_alone(ns: T
     still = ask(ns, "health")
     assert still["health"]["state"] == "running" and still["run_id"] == fresh["run_id"]
 
-    # The same through the relaunch role's own steps (stop, clean-up, drain, launch) and its summary, as run B goes
-    # on after its decision: Y runs on, the drain is skipped, the launch starts nothing, and the summary says why.
+    # The same through the relaunch role's own step tasks (stop, clean-up, drain, launch: those of a rank, here of a job
+    # of one rank; a job of one host runs the same modules in the decision's task, tests/unit/.../test_relaunch_steps.py)
+    # and its summary, as run B goes on after its decision: Y runs on, the drain is skipped, the launch starts
+    # nothing, and the summary says why.
     role_vars = {"job_launch_name": "job", "job_launch_command": command, "job_launch_log_path": ns.log(),
                  "job_launch_state_dir": ns.state_dir, "job_launch_ready_regex": "^step 1 ", "job_launch_min_uptime": 0.5,
                  "job_launch_startup_timeout": 20, "job_launch_term_timeout": 5, "job_launch_resume_args": RESUME,
@@ -251,7 +253,9 @@ def test_a_relaunch_that_looked_at_an_older_run_leaves_the_newer_run_alone(ns: T
                 "resume": False, "resume_mode": None, "wanted_by": [], "expect_run_id": seen["health"]["run_id"]}
     steps = ns.play([
         {"name": "B's decision", "ansible.builtin.set_fact": {
-            "relaunch_decision": decision, "relaunch_rank": None, "relaunch_decided": {"probe": seen, "launch_options": {}}}},
+            "relaunch_decision": decision, "relaunch_decided": {"probe": seen, "launch_options": {}},
+            "relaunch_rank": {"index": 0, "of": 1, "ranks": ["{{ inventory_hostname }}"], "master_addr": "127.0.0.1",
+                              "master_port": 29500}}},
         {"name": "B's steps", "ansible.builtin.include_tasks": str(REPO / "roles" / "relaunch" / "tasks" / "steps.yml"),
          "vars": role_vars},
         {"name": "B's summary", "gpuops.relaunch.relaunch_summary": {

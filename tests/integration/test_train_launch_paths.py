@@ -33,7 +33,6 @@ pytestmark = pytest.mark.slow
 
 NOBODY = 65534
 RELAUNCH = str(REPO / "playbooks" / "relaunch.yml")
-STOP = "Stop the job and wait until its whole process tree is gone"
 SUMMARY = "Summarize"
 REFUSED = "Fail this host when a step failed or the crash-loop guard refused"
 FAILED = REFUSED
@@ -189,7 +188,7 @@ def test_a_relaunch_whose_log_cannot_be_written_stops_nothing(target: Target) ->
            "is on a read-only file system")
     assert why in summary["failed"], summary["failed"]
     assert why in run.result(FAILED)["msg"]
-    assert STOP not in run.tasks  # the probe failed: nothing was stopped
+    assert not run.ran_step("stop")  # the probe failed: nothing was stopped
     assert summary["relaunched"] is False
     assert running_pid(target) == int(pid)
 
@@ -397,7 +396,7 @@ def test_a_crashed_jobs_escapes_stay_escaped_in_the_incident_and_relaunch_messag
     refused = run.result(REFUSED)["msg"]
     assert "crash \\x1b]52;c;cGF3bmVk\\x07" in refused and "boot \\x1b]0;owned\\x07" in refused
     assert not raw_controls(refused), refused
-    assert_escaped(run.result("Look at the job and decide whether to relaunch it"))  # the refusal's summary
+    assert_escaped(run.result("Look at the job, decide, and relaunch a job of one host"))  # the refusal's summary
 
     # A relaunch (no guard) writes the incident record before anything else: its quotes are escaped too.
     relaunched = target.play([dict(crash, **{"gpuops.relaunch.train_launch": dict(
