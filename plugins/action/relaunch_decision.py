@@ -87,18 +87,20 @@ class ActionModule(CheckedAction):
                       launch_options=launch_options,
                       ansible_facts={"relaunch_decision": decision, "relaunch_rank": rank_facts})
         if relaunched is not None:
-            steps = relaunched["steps"]
-            result.update(steps=steps, changed=any(bool(step.get("changed")) for step in steps.values() if step))
-            result["ansible_facts"]["relaunch_clearance"] = steps["clearance"]
+            result["steps"] = relaunched["steps"]
+            result["ansible_facts"]["relaunch_clearance"] = relaunched["steps"]["clearance"]
         if done:
             failure = relaunched["failure"] if relaunched else None
             unreachable = bool(relaunched and relaunched["unreachable"])
             published = self._publish(host, probe, decision, args, task_vars, failure=failure, reach_target=not unreachable,
-                                      steps=relaunched["steps"] if relaunched else None)
+                                      steps=result.get("steps"))
             facts = dict(result["ansible_facts"], **published.pop("ansible_facts", {}))
             result.update(published, ansible_facts=facts)
             if unreachable:
                 result.update(unreachable=True, msg=failure)
+        if relaunched is not None:
+            # The summary changes nothing; the stop, the clean-up and the launch do.
+            result["changed"] = any(bool(step.get("changed")) for step in relaunched["steps"].values() if step)
         # Nothing is left for this host in the play: summarized, and neither failed nor refused.
         result["nothing_left"] = done and not result.get("host_fails")
         return result

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.harness.pidns import PidNamespace, nsenter_vars, pid_namespace, process_starttime
-from tests.harness.playbook import REPO, PlaybookRun, run_playbook
+from tests.harness.playbook import DECIDE_TASK, REPO, PlaybookRun, run_playbook
 from tests.harness.procstates import host_pid, wait_until
 from tests.harness.prometheus import parse_exposition, sample
 
@@ -159,6 +159,8 @@ def test_a_stalled_job_is_relaunched_with_evidence_and_resumed(site: Site) -> No
     assert int(done["job"]["pid"]) != stalled["pid"]
     stop = run.step("stop")
     assert stop["incident"] == done["incident"] and stop["health"]["state"] == "stalled"
+    # One task relaunched it (the decision's), and it says it changed the host.
+    assert changed_tasks(run) == [f"gpuops.relaunch.relaunch : {DECIDE_TASK}"], run.stats
     incident = json.loads(Path(done["incident"]).read_text())
     assert "stalling after step 3" in incident["log_tail"]
     leader = next(entry for entry in incident["processes"] if entry["pid"] == stalled["pid"])
