@@ -43,6 +43,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tests.harness.awx_slices import awx_meta_vars, slice_inventory, sliced_hosts
 from tests.harness.pct_sshd import pct_ssh  # noqa: F401  pylint: disable=unused-import
 from tests.harness.pidns import PidNamespace, pid_namespace
+from tests.harness.playbook import DECIDE_TASK
 from tests.integration.test_relaunch_e2e import (  # noqa: F401  pylint: disable=unused-import
     HOSTNAME, VMID, job_processes, lab, needs_sshd, pct_host, posts, relaunch_vars, running_job, start_stale_run,
 )
@@ -494,7 +495,8 @@ def test_relaunch_through_ansible_runner_as_awx_runs_it(tmp_path: Path) -> None:
     assert (artifacts / "rc").read_text(encoding="utf-8").strip() == "0"
     assert (artifacts / "status").read_text(encoding="utf-8").strip() == "successful"
     events = _events(artifacts)
-    summarize = [e for e in events if e["event"] == "runner_on_ok" and e["event_data"].get("task", "").endswith("Summarize")]
+    # A job of one host is relaunched and summarized in the decision's task.
+    summarize = [e for e in events if e["event"] == "runner_on_ok" and e["event_data"].get("task", "").endswith(DECIDE_TASK)]
     assert len(summarize) == 1, [e["event"] for e in events]
     summary = summarize[0]["event_data"]["res"]["ansible_facts"]["relaunch_summary"]
     assert summary["host"] == "localhost" and summary["relaunched"] is True and summary["check_mode"] is False
