@@ -17,7 +17,7 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
     RelaunchInputError, awx_job, check_fleet_wide, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
     decide, rank_of,
 )
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import StepRunner, relaunch_one_host
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import StepRunner, relaunch_steps
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_spec import role_variable_errors
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, unknown_variables
@@ -46,7 +46,7 @@ class ActionModule(CheckedAction):
     def act(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         host = task_vars["inventory_hostname"]
         if args["rank_looks"] is not None:
-            return dict(result, **self._decide_with_ranks(host, args))
+            return dict(result, **self._decide_with_ranks(host, args, task_vars))
         # The role's variables are checked here, not by a task of Ansible's per host (plugin_utils/role_spec).
         problems = unknown_variables(task_vars) + role_variable_errors(task_vars, self._templar.template)
         if problems:
@@ -72,9 +72,7 @@ class ActionModule(CheckedAction):
         done = rank is None and not decision["relaunch"]
         relaunched = None
         if rank is None and decision["relaunch"]:
-            relaunched = relaunch_one_host(self._step_runner(task_vars), decision,
-                                           _true(self._templar.template(task_vars.get("container_reset_allowed"))),
-                                           bool(self._task.check_mode), host)
+            relaunched = self._relaunch(decision, host, task_vars, launch=True)
             # Only a container reboot helps: the role reboots, looks again and launches (roles/relaunch/tasks/steps.yml).
             done = not relaunched["reset"]
         if probe.get("diff"):
@@ -100,7 +98,7 @@ class ActionModule(CheckedAction):
                 result.update(unreachable=True, msg=failure)
         if relaunched is not None:
             # The summary changes nothing; the stop, the clean-up and the launch do.
-            result["changed"] = any(bool(step.get("changed")) for step in relaunched["steps"].values() if step)
+            result["changed"] = _changed(relaunched["steps"])
         # Nothing is left for this host in the play: summarized, and neither failed nor refused.
         result["nothing_left"] = done and not result.get("host_fails")
         return result
@@ -134,6 +132,12 @@ class ActionModule(CheckedAction):
         while play is not None and not hasattr(play, "strategy"):
             play = getattr(play, "_play", None) or getattr(play, "_parent", None)
         return getattr(play, "strategy", None)
+
+    def _relaunch(self, decision: Mapping[str, Any], host: str, task_vars: dict[str, Any], launch: bool) -> dict[str, Any]:
+        """This host's steps after a decision to relaunch (plugin_utils/relaunch_steps), on this task's connection."""
+        return relaunch_steps(self._step_runner(task_vars), decision,
+                              _true(self._templar.template(task_vars.get("container_reset_allowed"))),
+                              bool(self._task.check_mode), host, launch=launch)
 
     def _step_runner(self, task_vars: dict[str, Any]) -> StepRunner:
         """Runs a step's module with its options from the role variables; the drain's module run gets
@@ -180,10 +184,11 @@ class ActionModule(CheckedAction):
                        args["job_name"], args["summary_dir"], args["metrics_dir"] if reach_target else "",
                        args["fail_host"], self.module_runner(task_vars))
 
-    @staticmethod
-    def _decide_with_ranks(host: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    def _decide_with_ranks(self, host: str, args: Mapping[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         """The whole job's decision from every rank's own look (rank_looks: each rank's registered result
-        of this action, in rank order; a rank whose look failed or is missing does not count)."""
+        of this action, in rank order; a rank whose look failed or is missing does not count), and where
+        the job is to be relaunched this rank's stop, clean-up, drain and clearance (it launches after the
+        barrier, in the role); a step that fails fails the task, naming the step (``failure``)."""
         looks = [look if isinstance(look, Mapping) else {} for look in args["rank_looks"]]
         own = next((look for look in looks if _rank_host(look) == host), None)
         if own is None:
@@ -197,8 +202,23 @@ class ActionModule(CheckedAction):
         probes = {name: look.get("probe") for name, look in zip(ranks, looks) if not look.get("failed")}
         decision = decide(own.get("probe") or {}, rank, probes, alerted_job=args["alerted_job"],
                           job_name=args["job_name"], alerted_host=args["alerted_host"], host=host)
-        return {"changed": False, "decision": decision, "rank": rank.as_dict(), "msg": decision["why"],
-                "ansible_facts": {"relaunch_decision": decision}}
+        answer = {"changed": False, "decision": decision, "rank": rank.as_dict(), "msg": decision["why"],
+                  "ansible_facts": {"relaunch_decision": decision}}
+        if decision["relaunch"]:
+            relaunched = self._relaunch(decision, host, task_vars, launch=False)
+            steps = relaunched["steps"]
+            answer.update(steps=steps, changed=_changed(steps))
+            answer["ansible_facts"]["relaunch_clearance"] = steps["clearance"]
+            if relaunched["failure"]:
+                answer.update(failed=True, msg=relaunched["failure"], failure=relaunched["failure"])
+                if relaunched["unreachable"]:
+                    answer["unreachable"] = True
+        return answer
+
+
+def _changed(steps: Mapping[str, Any]) -> bool:
+    """Whether a step changed the host (the stop, the clean-up, the launch; the clearance is a judgement)."""
+    return any(bool(step.get("changed")) for step in steps.values() if step)
 
 
 def _rank_host(look: Mapping[str, Any]) -> str | None:

@@ -32,7 +32,10 @@ description:
   - >-
     A rank of a multi-rank job (O(ranks)) decides with its job in a second run of this action, given every rank's look
     (O(rank_looks)): one rank that must be relaunched (or that the crash-loop guard refuses) relaunches every rank; a
-    rank whose look failed does not count. When one rank failed (crashed, stalled, missing) every rank resumes.
+    rank whose look failed does not count. When one rank failed (crashed, stalled, missing) every rank resumes. Where
+    the job is to be relaunched, that run also stops, cleans up, drains and checks the clearance of its rank, as for
+    a job of one host (RV(steps)), but does not launch: the ranks launch after their barrier, in the role. A step
+    that fails fails the task, naming the step (RV(failure)).
   - >-
     Before the probe, checks the role variables against the relaunch role's argument spec (its
     C(meta/argument_specs.yml), the options of its entry point C(main)), as Ansible's own check of an include of the
@@ -175,15 +178,20 @@ launch_options:
 steps:
   description:
     - >-
-      For a job of one host that was relaunched here, each step's result: C(stop), C(cleanup) and C(launch)
+      Each step's result, for a job of one host relaunched here or a rank stopped here: C(stop), C(cleanup) and C(launch)
       (M(gpuops.relaunch.train_launch)'s and M(gpuops.relaunch.zombie_reap)'s results), C(drain)
       (M(gpuops.relaunch.gpu_mem_wait)'s) and C(clearance) (as M(gpuops.relaunch.relaunch_clearance) returns it);
       null for a step that did not run (the stop when nothing of the job ran, the drain when the clean-up left a newer
       run alone, everything after a step that failed, the launch when only a container reboot helps).
-  returned: when a job of one host was relaunched here
+  returned: when a job of one host was relaunched here, or a rank (with O(rank_looks)) was stopped, cleaned and drained
   type: dict
   sample: {stop: {changed: true, operation: stopped}, cleanup: {escalation: none}, drain: {released: true},
            clearance: {clear: true, reset: false}, launch: {changed: true, pid: 4242}}
+failure:
+  description: With O(rank_looks), the step that failed and why (C(STEP - MESSAGE)), as the summary names it.
+  returned: when a step of a rank failed
+  type: str
+  sample: "Wait until the GPUs are released: GPU query failed: hung"
 done:
   description:
     - >-

@@ -1,14 +1,13 @@
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The relaunch of a job of one host, after its decision, inside the decision's own task: stop, clean up,
-drain, the clearance and the launch, each step a module run on the target over the task's connection.
+"""A relaunch's steps after its decision, inside the decision's own task: stop, clean up, drain, the clearance
+and (for a job of one host) the launch, each step a module run on the target over the task's connection.
 
-A job of one host has no barrier between its steps (nothing waits for another host), so they run as one
-task: a task costs the controller a worker, the task's templating and its callbacks, about twice what a
-second module run in the same task costs (see docs guide_performance). The ranks of a multi-rank job
-keep a task per step (roles/relaunch/tasks/steps.yml): the linear strategy is their barrier. Both run
-the same modules with the same options and decide with the same functions (relaunch_flow.clearance,
-relaunch_flow.superseded); a failure names the step as the role's task for it is named.
+Nothing waits for another host between these steps, so they run in one task: a task costs the controller a
+worker, the task's templating and its callbacks, about twice what a second module run in the same task costs
+(see docs guide_performance). The ranks of a multi-rank job run them in their joint decision's task and
+launch after their barrier, in the role's tasks (roles/relaunch/tasks/steps.yml), where the linear
+strategy holds every rank until all are ready. A failure is named by its step (STEP_NAMES).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
 # -> its result. The other options come from the role variables (plugin_utils/role_vars).
 StepRunner = Callable[[str, Mapping[str, Any], bool], dict[str, Any]]
 
-# The names of the role's tasks for the steps (roles/relaunch/tasks/steps.yml): a failure is named by its step.
+# How a failure names its step (the launch of a rank is the role's task of that name, roles/relaunch/tasks/steps.yml).
 STEP_NAMES = {
     "stop": "Stop the job and wait until its whole process tree is gone",
     "cleanup": "End what the last run left behind with the least force that works",
@@ -31,13 +30,14 @@ STEP_NAMES = {
 }
 
 
-def relaunch_one_host(run: StepRunner, decision: Mapping[str, Any], reset_allowed: bool, check_mode: bool,
-                      host: str) -> dict[str, Any]:
-    """Stop (where something runs), clean up, drain (unless a newer run was left alone), check the clearance and
-    launch, stopping at the first step that fails. Returns each step's result by name (a step that did not
-    run is None), ``failure`` ("STEP NAME: message", or None), ``unreachable`` (the step that failed lost
-    the host) and ``reset`` (only a container reboot helps and the inventory allows it: the role reboots,
-    looks again and launches, roles/relaunch/tasks/steps.yml)."""
+def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: bool, check_mode: bool,
+                   host: str, launch: bool = True) -> dict[str, Any]:
+    """Stop (where something runs), clean up, drain (unless a newer run was left alone), check the clearance and,
+    with `launch`, launch, stopping at the first step that fails. Returns each step's result by name under
+    ``steps`` (a step that did not run is None), ``failure`` ("STEP NAME: message", or None), ``unreachable``
+    (the step that failed lost the host) and ``reset`` (only a container reboot helps and the inventory allows
+    it: the role reboots, looks again and launches, roles/relaunch/tasks/steps.yml). A rank of a multi-rank job
+    launches after its barrier, in the role (`launch` false)."""
     steps: dict[str, Any] = {name: None for name in STEP_NAMES}
     outcome: dict[str, Any] = {"steps": steps, "failure": None, "unreachable": False, "reset": False}
 
@@ -65,12 +65,13 @@ def relaunch_one_host(run: StepRunner, decision: Mapping[str, Any], reset_allowe
         return failed("clearance", {}, steps["clearance"]["blocked"])
     if steps["clearance"]["reset"]:
         outcome["reset"] = True
+    if outcome["reset"] or not launch:
         return outcome
-    launch = {"state": "started"}
+    start = {"state": "started"}
     if decision.get("resume_mode"):
         # The start resumes exactly as the decision said (always or never).
-        launch["resume"] = decision["resume_mode"]
-    steps["launch"] = run("train_launch", launch, False)
+        start["resume"] = decision["resume_mode"]
+    steps["launch"] = run("train_launch", start, False)
     if _failed(steps["launch"]):
         return failed("launch", steps["launch"])
     return outcome

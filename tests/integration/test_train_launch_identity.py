@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from tests.harness.launch_targets import DEMO, PYTHON, Target, in_pid_namespace
-from tests.harness.playbook import REPO
 from tests.harness.pidns import process_starttime
 from tests.harness.procstates import wait_until
 
@@ -240,35 +239,33 @@ def test_a_relaunch_that_looked_at_an_older_run_leaves_the_newer_run_alone(ns: T
     still = ask(ns, "health")
     assert still["health"]["state"] == "running" and still["run_id"] == fresh["run_id"]
 
-    # The same through the relaunch role's own step tasks (stop, clean-up, drain, launch: those of a rank, here of a job
-    # of one rank; a job of one host runs the same modules in the decision's task, tests/unit/.../test_relaunch_steps.py)
-    # and its summary, as run B goes on after its decision: Y runs on, the drain is skipped, the launch starts
-    # nothing, and the summary says why.
+    # The same through the relaunch's own path, as run B goes on after its decision. B's decision is given B's look
+    # (the job's rank look, here of a job of one rank: a job of one host would probe again) and runs B's steps in its
+    # task (plugin_utils/relaunch_steps): B saw X's worker still running, so it stops; the stop and the clean-up leave Y
+    # alone and the drain is skipped; the role's launch starts nothing, and the summary says why.
     role_vars = {"job_launch_name": "job", "job_launch_command": command, "job_launch_log_path": ns.log(),
                  "job_launch_state_dir": ns.state_dir, "job_launch_ready_regex": "^step 1 ", "job_launch_min_uptime": 0.5,
                  "job_launch_startup_timeout": 20, "job_launch_term_timeout": 5, "job_launch_resume_args": RESUME,
                  "process_cleanup_match": [re.escape(f"--tag {ns.work}")], "process_cleanup_term_timeout": 2,
                  "gpu_drain_gpus_required": False, "gpu_drain_timeout": 5}
-    decision = {"action": "relaunch", "relaunch": True, "why": "the job is crashed: killed", "stop": True,
-                "resume": False, "resume_mode": None, "wanted_by": [], "expect_run_id": seen["health"]["run_id"]}
+    rank = {"index": 0, "of": 1, "ranks": ["{{ inventory_hostname }}"], "master_addr": "127.0.0.1", "master_port": 29500}
     steps = ns.play([
-        {"name": "B's decision", "ansible.builtin.set_fact": {
-            "relaunch_decision": decision, "relaunch_decided": {"probe": seen, "launch_options": {}},
-            "relaunch_rank": {"index": 0, "of": 1, "ranks": ["{{ inventory_hostname }}"], "master_addr": "127.0.0.1",
-                              "master_port": 29500}}},
-        {"name": "B's steps", "ansible.builtin.include_tasks": str(REPO / "roles" / "relaunch" / "tasks" / "steps.yml"),
-         "vars": role_vars},
+        {"name": "B's decision", "gpuops.relaunch.relaunch_decision": {"rank_looks": [{"probe": seen, "rank": rank}],
+                                                                       "job_name": "job"},
+         "vars": role_vars, "register": "relaunch_ranks_decided"},
+        {"name": "B's launch", "gpuops.relaunch.role_step": {"module": "train_launch", "options": {"state": "started"}},
+         "vars": role_vars, "register": "relaunch_launch"},
         {"name": "B's summary", "gpuops.relaunch.relaunch_summary": {
-            "results": {"probe": "{{ relaunch_decided.probe }}", "decision": "{{ relaunch_decision }}",
-                        "stop": "{{ relaunch_stop }}", "cleanup": "{{ relaunch_cleanup }}", "drain": "{{ relaunch_drain }}",
-                        "launch": "{{ relaunch_launch }}"},
+            "results": {"probe": seen, "decision": "{{ relaunch_decision }}", "launch": "{{ relaunch_launch }}"},
+            "decision_steps": "{{ relaunch_ranks_decided.steps }}",
             "job_name": "job", "summary_dir": "", "metrics_dir": "", "fail_host": False}},
     ])
     assert steps.rc == 0, steps.stdout[-3000:]
-    assert steps.result("Stop the job and wait until its whole process tree is gone")["superseded"] is True
-    assert steps.result("End what the last run left behind with the least force that works")["superseded"] is True
-    assert steps.result("Wait until the GPUs are released").get("skipped") is True
-    launch = steps.result("Launch the job and prove it started")
+    decided = steps.result("B's decision")
+    assert decided["decision"]["expect_run_id"] == first["run_id"] and decided["decision"]["stop"] is True, decided
+    assert decided["steps"]["stop"]["superseded"] is True and decided["steps"]["cleanup"]["superseded"] is True
+    assert decided["steps"]["drain"] is None and decided["steps"]["clearance"]["clear"] is True, decided["steps"]
+    launch = steps.result("B's launch")
     assert launch["changed"] is False and launch["pid"] == fresh["pid"], launch
     summary = steps.result("B's summary")["ansible_facts"]["relaunch_summary"]
     assert summary["status"] == "unchanged" and summary["relaunched"] is False, summary
