@@ -260,18 +260,11 @@ findings:
   elements: dict
   sample: [{kind: unreaped_orphan, escalation: container_reboot, pids: [51234], why: "pid 51234 (python3) is a zombie orphaned ..."}]
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was queried.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before any waiting (the first GPU query finds a GPU of O(devices) that is not on the host)
   type: list
   elements: dict
   sample: [{"option": "poll_interval", "reason": "must be at least 0.01 and at most 3600 seconds, got 0"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 error_kind:
   description:
     - Why a GPU query failed, when it did; V(not_installed), V(library_not_found), V(driver_not_loaded),

@@ -334,20 +334,11 @@ findings:
   elements: dict
   sample: [{kind: released, escalation: none, pids: [], why: released}]
 option_problems:
-  description:
-    - Every problem found with the options (each with its RV(option_problems[].option) and
-      RV(option_problems[].reason)); nothing was signalled.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before any signal (the first GPU query finds a GPU of O(devices) that is not on the host)
   type: list
   elements: dict
   sample: [{"option": "devices", "reason": "is empty: name the GPUs to reclaim by index or UUID, or give [all] ..."}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 error_kind:
   description: Why a GPU query failed, when it did (the words of M(gpuops.relaunch.gpu_mem_wait)'s RV(gpuops.relaunch.gpu_mem_wait#module:error_kind)).
   returned: when a GPU query failed

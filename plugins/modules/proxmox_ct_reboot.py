@@ -283,20 +283,15 @@ elapsed:
   type: float
   sample: 5.3
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); no request was sent.
-  returned: when the options were refused
+  description:
+    - Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its
+      value (never the value of a secret).
+  returned: when the options were refused, before any request was sent
   type: list
   elements: dict
   sample: [{"option": "wait_timeout", "reason": "must be a finite number of seconds, got nan"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given (never the value of a secret).
-      type: str
 lock_waited_s:
-  description: Seconds spent waiting for a config lock to clear.
+  description: Seconds of RV(elapsed) spent waiting for a config lock to clear.
   returned: success
   type: float
   sample: 0.0

@@ -209,18 +209,11 @@ ansible_facts:
           type: int
           sample: 213
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was read.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before the process table was read
   type: list
   elements: dict
   sample: [{"option": "orphan_grace", "reason": "must be at least 0 and at most 600 seconds, got 601"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule

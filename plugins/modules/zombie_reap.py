@@ -384,18 +384,11 @@ findings:
   elements: dict
   sample: [{kind: unreaped_orphan, escalation: container_reboot, pids: [7, 9], why: "zombies 7, 9 are orphaned to PID 1 ..."}]
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was signalled.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before anything was signalled
   type: list
   elements: dict
   sample: [{"option": "term_signal", "reason": "SIGSTOP does not end a process (use e.g. SIGTERM, SIGINT, SIGHUP)"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 elapsed:
   description: Seconds the module spent planning and walking the ladder.
   returned: always
