@@ -355,7 +355,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid, fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, gpu_backend_spec, open_gpu_source
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
@@ -387,10 +387,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    try:
+    with fail_on_invalid_options(module, changed=False):
         options = options_from_params(params)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
     began = time.monotonic()
     source = None
     try:

@@ -316,7 +316,7 @@ node_slot:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks, fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import (
     HAS_PROXMOXER,
     PROXMOX_CONNECTION_REQUIRED_ONE_OF,
@@ -366,10 +366,8 @@ def main() -> None:
     checks = OptionChecks()
     connection.check_options(checks)
     request.check_options(checks, connection.user, connection.uses_token)
-    try:
+    with fail_on_invalid_options(module, tasks=[]):
         checks.raise_if_any()
-    except OptionsInvalid as exc:
-        module.fail_json(tasks=[], **exc.as_result())
 
     rebooter: CtRebooter | None = None
     try:

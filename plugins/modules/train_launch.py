@@ -938,7 +938,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import MODULE_STATES, LaunchController, LaunchError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
 
 # One GPU query for the incident record may take this long (NVML can hang in the kernel).
@@ -1014,10 +1014,8 @@ def main() -> None:
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,
     )
-    try:
+    with fail_on_invalid_options(module, changed=False):
         options = options_from_params(module.params)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
     try:
         result = LaunchController(options, module.check_mode, gpu_evidence=gpu_evidence, diff=module._diff).apply()
     except LaunchError as exc:

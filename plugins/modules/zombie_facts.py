@@ -218,7 +218,7 @@ option_problems:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN, ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import assess, options_from_params
@@ -235,10 +235,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    try:
+    with fail_on_invalid_options(module, changed=False):
         options = options_from_params(params)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
     try:
         facts = assess(options, proc_root=params["proc_root"]).as_dict()
     except ProcfsError as exc:
