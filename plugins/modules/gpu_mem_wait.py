@@ -251,10 +251,10 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
-      findings), here a holder's kind (see RV(holders)), V(unlisted_memory) (memory used with no
-      process listed), V(pids_present), V(host_memory), V(gpu_condition) or V(released); C(escalation)
-      what clears it; C(pids) the processes concerned.
+    - C(kind) is a holder's kind (see RV(holders)), V(unlisted_memory) (memory used with no process listed),
+      V(pids_present), V(host_memory), V(gpu_condition) or V(released), words of
+      R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table);
+      C(escalation) what clears it; C(pids) the processes concerned.
   returned: always
   type: list
   elements: dict

@@ -323,12 +323,11 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
-      findings), here a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running),
-      V(zombie), V(unreaped_orphan), V(zombie_leader), V(uninterruptible), V(invisible),
-      V(unlisted_memory), V(gpu_condition)), V(permission_denied), V(not_holding) (a listed pid, not
-      signalled, that holds no device file of its GPU, so what holds the memory is not listed) or
-      V(not_signalled) (a listed pid on a GPU whose minor number is not known, not signalled).
+    - C(kind) is a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running), V(zombie),
+      V(unreaped_orphan), V(zombie_leader), V(uninterruptible), V(invisible), V(unlisted_memory), V(gpu_condition)),
+      V(permission_denied), V(not_holding) (a listed pid, not signalled, that holds no device file of its GPU, so what
+      holds the memory is not listed) or V(not_signalled) (a listed pid on a GPU whose minor number is not known, not
+      signalled), words of R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table).
   returned: success
   type: list
   elements: dict

@@ -116,16 +116,16 @@ ansible_facts:
         findings:
           description:
             - The reasons with structured fields to decide on (never decide on the wording of C(why)).
-            - C(kind) is a word of the collection's one finding vocabulary (the same words in every
-              module's findings), here V(running) (job processes still running), V(zombie) (zombies
-              waiting for their parent), V(zombie_leader), V(unreaped_orphan) (zombies PID 1 did not reap
-              within O(orphan_grace)), V(uninterruptible) (threads in C(D); escalation V(host_action) in the
-              GPU driver), V(holds_device), V(nothing), V(other_job) (processes the selection named that
-              belong to another job, left alone; escalation V(none)) or V(mark_conflict) (a process whose
-              C(GPUOPS_RELAUNCH_*) marks name another job than its ancestry proves - a descendant of a job's
-              proven supervisor or run is that job's whatever its environment says, so a worker of O(job_name)'s
-              job that copied another job's marks is selected and ended; escalation V(signals)); C(escalation)
-              what clears it; C(pids) the processes concerned.
+            - C(kind) is V(running) (job processes still running), V(zombie) (zombies waiting for their parent),
+              V(zombie_leader), V(unreaped_orphan) (zombies PID 1 did not reap within O(orphan_grace)),
+              V(uninterruptible) (threads in C(D); escalation V(host_action) in the GPU driver), V(holds_device),
+              V(nothing), V(other_job) (processes the selection named that belong to another job, left alone;
+              escalation V(none)) or V(mark_conflict) (a process whose C(GPUOPS_RELAUNCH_*) marks name another job
+              than its ancestry proves - a descendant of a job's proven supervisor or run is that job's whatever its
+              environment says, so a worker of O(job_name)'s job that copied another job's marks is selected and
+              ended; escalation V(signals)), words of
+              R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table);
+              C(escalation) what clears it; C(pids) the processes concerned.
           type: list
           elements: dict
           sample: [{kind: running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]

@@ -371,12 +371,12 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
-      findings), here V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
-      V(unreaped_orphan), V(zombie), V(holds_device), V(other_job) (processes of another job the
-      selection named, or of the job's newer run with O(expect_run_id), left alone; escalation V(none)) or V(mark_conflict) (a process whose marks name
-      another job than its proven ancestry; it is the ancestry's job's; escalation V(signals)); C(escalation)
-      what clears it; C(pids) the processes concerned.
+    - C(kind) is V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled), V(unreaped_orphan),
+      V(zombie), V(holds_device), V(other_job) (processes of another job the selection named, or of the job's newer run
+      with O(expect_run_id), left alone; escalation V(none)) or V(mark_conflict) (a process whose marks name another job
+      than its proven ancestry; it is the ancestry's job's; escalation V(signals)), words of
+      R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table);
+      C(escalation) what clears it; C(pids) the processes concerned.
     - When RV(left) asks for more than the ladder does, its findings follow (with the words of
       RV(gpuops.relaunch.zombie_facts#module:ansible_facts.zombie_facts.findings), so V(running), V(zombie_leader) and V(nothing) too).
   returned: always
