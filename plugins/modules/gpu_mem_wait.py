@@ -251,27 +251,20 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
-      findings), here a holder's kind (see RV(holders)), V(unlisted_memory) (memory used with no
-      process listed), V(pids_present), V(host_memory), V(gpu_condition) or V(released); C(escalation)
-      what clears it; C(pids) the processes concerned.
+    - C(kind) is a holder's kind (see RV(holders)), V(unlisted_memory) (memory used with no process listed),
+      V(pids_present), V(host_memory), V(gpu_condition) or V(released), words of
+      R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table);
+      C(escalation) what clears it; C(pids) the processes concerned.
   returned: always
   type: list
   elements: dict
   sample: [{kind: unreaped_orphan, escalation: container_reboot, pids: [51234], why: "pid 51234 (python3) is a zombie orphaned ..."}]
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was queried.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before any waiting (the first GPU query finds a GPU of O(devices) that is not on the host)
   type: list
   elements: dict
   sample: [{"option": "poll_interval", "reason": "must be at least 0.01 and at most 3600 seconds, got 0"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 error_kind:
   description:
     - Why a GPU query failed, when it did; V(not_installed), V(library_not_found), V(driver_not_loaded),
@@ -286,7 +279,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid, fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     GpuQueryError,
@@ -317,10 +310,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    try:
+    with fail_on_invalid_options(module, changed=False, released=False):
         options = options_from_params(params)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, released=False, **exc.as_result())
     began = time.monotonic()
     source = None
     no_gpu = ""

@@ -323,31 +323,21 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
-      findings), here a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running),
-      V(zombie), V(unreaped_orphan), V(zombie_leader), V(uninterruptible), V(invisible),
-      V(unlisted_memory), V(gpu_condition)), V(permission_denied), V(not_holding) (a listed pid, not
-      signalled, that holds no device file of its GPU, so what holds the memory is not listed) or
-      V(not_signalled) (a listed pid on a GPU whose minor number is not known, not signalled).
+    - C(kind) is a kind of M(gpuops.relaunch.gpu_mem_wait)'s findings (V(released), V(running), V(zombie),
+      V(unreaped_orphan), V(zombie_leader), V(uninterruptible), V(invisible), V(unlisted_memory), V(gpu_condition)),
+      V(permission_denied), V(not_holding) (a listed pid, not signalled, that holds no device file of its GPU, so what
+      holds the memory is not listed) or V(not_signalled) (a listed pid on a GPU whose minor number is not known, not
+      signalled), words of R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table).
   returned: success
   type: list
   elements: dict
   sample: [{kind: released, escalation: none, pids: [], why: released}]
 option_problems:
-  description:
-    - Every problem found with the options (each with its RV(option_problems[].option) and
-      RV(option_problems[].reason)); nothing was signalled.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before any signal (the first GPU query finds a GPU of O(devices) that is not on the host)
   type: list
   elements: dict
   sample: [{"option": "devices", "reason": "is empty: name the GPUs to reclaim by index or UUID, or give [all] ..."}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 error_kind:
   description: Why a GPU query failed, when it did (the words of M(gpuops.relaunch.gpu_mem_wait)'s RV(gpuops.relaunch.gpu_mem_wait#module:error_kind)).
   returned: when a GPU query failed
@@ -364,7 +354,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid, fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuQueryError, gpu_backend_spec, open_gpu_source
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reclaim import (
@@ -396,10 +386,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    try:
+    with fail_on_invalid_options(module, changed=False):
         options = options_from_params(params)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
     began = time.monotonic()
     source = None
     try:

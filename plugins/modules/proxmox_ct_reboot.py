@@ -283,20 +283,15 @@ elapsed:
   type: float
   sample: 5.3
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); no request was sent.
-  returned: when the options were refused
+  description:
+    - Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its
+      value (never the value of a secret).
+  returned: when the options were refused, before any request was sent
   type: list
   elements: dict
   sample: [{"option": "wait_timeout", "reason": "must be a finite number of seconds, got nan"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given (never the value of a secret).
-      type: str
 lock_waited_s:
-  description: Seconds spent waiting for a config lock to clear.
+  description: Seconds of RV(elapsed) spent waiting for a config lock to clear.
   returned: success
   type: float
   sample: 0.0
@@ -321,7 +316,7 @@ node_slot:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks, fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._proxmox.client import (
     HAS_PROXMOXER,
     PROXMOX_CONNECTION_REQUIRED_ONE_OF,
@@ -371,10 +366,8 @@ def main() -> None:
     checks = OptionChecks()
     connection.check_options(checks)
     request.check_options(checks, connection.user, connection.uses_token)
-    try:
+    with fail_on_invalid_options(module, tasks=[]):
         checks.raise_if_any()
-    except OptionsInvalid as exc:
-        module.fail_json(tasks=[], **exc.as_result())
 
     rebooter: CtRebooter | None = None
     try:

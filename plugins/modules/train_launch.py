@@ -637,20 +637,13 @@ elapsed:
   sample: 5.3
 option_problems:
   description:
-    - Every problem found with the options (each with its RV(option_problems[].option) and
-      RV(option_problems[].reason)), or with what a start needs from the machine (the program,
-      O(chdir), the log's directory and file, O(state_dir), O(remove_paths), O(backend)); nothing was changed.
-  returned: when the options were refused, or a start could not work
+    - Every problem found with the options, or with what a start needs from the machine (the program, O(chdir), the
+      log's directory and file, O(state_dir), O(remove_paths), O(backend)), each a dict of C(option), its name, and
+      C(reason), what is wrong with its value (never the value of a secret).
+  returned: when the options were refused, or a start could not work, before anything was changed
   type: list
   elements: dict
   sample: [{"option": "term_timeout", "reason": "must be a finite number of seconds, got nan"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given (never the value of a secret).
-      type: str
 rotated_log:
   description: The name the previous log got (C(LOG.1) by rotation, or C(LOG.failed) for the log of a start that was never proven; C(null) if there was none).
   returned: after a start, and for a planned start in check mode (started/restarted) and with state probe
@@ -945,7 +938,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import MODULE_STATES, LaunchController, LaunchError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
 
 # One GPU query for the incident record may take this long (NVML can hang in the kernel).
@@ -1021,10 +1014,8 @@ def main() -> None:
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,
     )
-    try:
+    with fail_on_invalid_options(module, changed=False):
         options = options_from_params(module.params)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
     try:
         result = LaunchController(options, module.check_mode, gpu_evidence=gpu_evidence, diff=module._diff).apply()
     except LaunchError as exc:

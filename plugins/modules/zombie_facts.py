@@ -116,16 +116,16 @@ ansible_facts:
         findings:
           description:
             - The reasons with structured fields to decide on (never decide on the wording of C(why)).
-            - C(kind) is a word of the collection's one finding vocabulary (the same words in every
-              module's findings), here V(running) (job processes still running), V(zombie) (zombies
-              waiting for their parent), V(zombie_leader), V(unreaped_orphan) (zombies PID 1 did not reap
-              within O(orphan_grace)), V(uninterruptible) (threads in C(D); escalation V(host_action) in the
-              GPU driver), V(holds_device), V(nothing), V(other_job) (processes the selection named that
-              belong to another job, left alone; escalation V(none)) or V(mark_conflict) (a process whose
-              C(GPUOPS_RELAUNCH_*) marks name another job than its ancestry proves - a descendant of a job's
-              proven supervisor or run is that job's whatever its environment says, so a worker of O(job_name)'s
-              job that copied another job's marks is selected and ended; escalation V(signals)); C(escalation)
-              what clears it; C(pids) the processes concerned.
+            - C(kind) is V(running) (job processes still running), V(zombie) (zombies waiting for their parent),
+              V(zombie_leader), V(unreaped_orphan) (zombies PID 1 did not reap within O(orphan_grace)),
+              V(uninterruptible) (threads in C(D); escalation V(host_action) in the GPU driver), V(holds_device),
+              V(nothing), V(other_job) (processes the selection named that belong to another job, left alone;
+              escalation V(none)) or V(mark_conflict) (a process whose C(GPUOPS_RELAUNCH_*) marks name another job
+              than its ancestry proves - a descendant of a job's proven supervisor or run is that job's whatever its
+              environment says, so a worker of O(job_name)'s job that copied another job's marks is selected and
+              ended; escalation V(signals)), words of
+              R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table);
+              C(escalation) what clears it; C(pids) the processes concerned.
           type: list
           elements: dict
           sample: [{kind: running, escalation: signals, pids: [4121, 4122], why: "job processes still running: 4121, 4122"}]
@@ -209,23 +209,16 @@ ansible_facts:
           type: int
           sample: 213
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was read.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before the process table was read
   type: list
   elements: dict
   sample: [{"option": "orphan_grace", "reason": "must be at least 0 and at most 600 seconds, got 601"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import DEFAULT_DRIVER_WCHAN, ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC
 from ansible_collections.gpuops.relaunch.plugins.module_utils._reap.assessment import assess, options_from_params
@@ -242,10 +235,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    try:
+    with fail_on_invalid_options(module, changed=False):
         options = options_from_params(params)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
     try:
         facts = assess(options, proc_root=params["proc_root"]).as_dict()
     except ProcfsError as exc:

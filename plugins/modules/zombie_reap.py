@@ -371,12 +371,12 @@ reasons:
 findings:
   description:
     - RV(reasons) with structured fields to decide on (never decide on the wording of C(why)).
-    - C(kind) is a word of the collection's one finding vocabulary (the same words in every module's
-      findings), here V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled),
-      V(unreaped_orphan), V(zombie), V(holds_device), V(other_job) (processes of another job the
-      selection named, or of the job's newer run with O(expect_run_id), left alone; escalation V(none)) or V(mark_conflict) (a process whose marks name
-      another job than its proven ancestry; it is the ancestry's job's; escalation V(signals)); C(escalation)
-      what clears it; C(pids) the processes concerned.
+    - C(kind) is V(uninterruptible), V(permission_denied), V(survived_kill), V(not_signalled), V(unreaped_orphan),
+      V(zombie), V(holds_device), V(other_job) (processes of another job the selection named, or of the job's newer run
+      with O(expect_run_id), left alone; escalation V(none)) or V(mark_conflict) (a process whose marks name another job
+      than its proven ancestry; it is the ancestry's job's; escalation V(signals)), words of
+      R(the collection's one finding vocabulary,ansible_collections.gpuops.relaunch.docsite.guide_relaunch.verdict_table);
+      C(escalation) what clears it; C(pids) the processes concerned.
     - When RV(left) asks for more than the ladder does, its findings follow (with the words of
       RV(gpuops.relaunch.zombie_facts#module:ansible_facts.zombie_facts.findings), so V(running), V(zombie_leader) and V(nothing) too).
   returned: always
@@ -384,18 +384,11 @@ findings:
   elements: dict
   sample: [{kind: unreaped_orphan, escalation: container_reboot, pids: [7, 9], why: "zombies 7, 9 are orphaned to PID 1 ..."}]
 option_problems:
-  description: Every problem found with the options (each with its RV(option_problems[].option) and RV(option_problems[].reason)); nothing was signalled.
-  returned: when the options were refused
+  description: Every problem found with the options, each a dict of C(option), its name, and C(reason), what is wrong with its value.
+  returned: when the options were refused, before anything was signalled
   type: list
   elements: dict
   sample: [{"option": "term_signal", "reason": "SIGSTOP does not end a process (use e.g. SIGTERM, SIGINT, SIGHUP)"}]
-  contains:
-    option:
-      description: The option's name.
-      type: str
-    reason:
-      description: What is wrong with the value given.
-      type: str
 elapsed:
   description: Seconds the module spent planning and walking the ladder.
   returned: always
@@ -405,7 +398,7 @@ elapsed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcfsError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.selection import JOB_SELECTION_SPEC, BroadSelectionError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
@@ -434,10 +427,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    try:
+    with fail_on_invalid_options(module, changed=False):
         selector, protected, options = options_from_params(params, module.check_mode)
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
     try:
         result = reap_job(
             selector, protected, options,

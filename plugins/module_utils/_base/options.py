@@ -20,14 +20,17 @@ A module uses it like this::
     if params["vmid"] < 100:
         checks.add("vmid", f"must be 100 or more, got {params['vmid']}")
     checks.raise_if_any()          # OptionsInvalid, listing all of them
-    ...
-    except OptionsInvalid as exc:
-        module.fail_json(changed=False, **exc.as_result())
+
+and fails on them with ``fail_on_invalid_options``::
+
+    with fail_on_invalid_options(module, changed=False):
+        options = options_from_params(module.params)
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -62,6 +65,15 @@ class OptionsInvalid(Exception):
     def as_result(self) -> dict[str, Any]:
         """What a module's fail_json takes: `msg` and the structured `option_problems`."""
         return {"msg": str(self), "option_problems": [problem.as_dict() for problem in self.problems]}
+
+
+@contextmanager
+def fail_on_invalid_options(module: Any, **result: Any) -> Iterator[None]:
+    """Fail `module` (its ``fail_json``, with `result`) on an OptionsInvalid raised inside, naming every problem."""
+    try:
+        yield
+    except OptionsInvalid as exc:
+        module.fail_json(**result, **exc.as_result())
 
 
 class OptionChecks:

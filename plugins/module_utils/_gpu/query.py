@@ -143,6 +143,12 @@ class GpuDevice:
         """The processes as the modules return them (pid and MiB used)."""
         return [{"pid": process.pid, "used_mib": process.used_mib} for process in self.processes]
 
+    def entry(self, first: GpuDevice) -> dict[str, Any]:
+        """This look at the GPU as gpu_mem_wait and gpu_reclaim return it in `gpus`, with `first`, the same
+        GPU at the first look: what it is, and the MiB used then and now."""
+        return {"index": self.index, "uuid": self.uuid, "name": self.name, "total_mib": self.total_mib,
+                "used_mib_before": first.used_mib, "used_mib_after": self.used_mib}
+
 
 class GpuSource(Protocol):
     """Where GPU facts come from: a query answers for the given indices (None: all GPUs)."""

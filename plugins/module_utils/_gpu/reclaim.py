@@ -512,12 +512,8 @@ class ReclaimResult:
         entries = []
         for device in self.plan.before:
             last = after.get(device.index, device)
-            entries.append({
-                "index": device.index, "uuid": device.uuid, "name": device.name, "total_mib": device.total_mib,
-                "used_mib_before": device.used_mib, "used_mib_after": last.used_mib,
-                "processes_before": device.process_entries(),
-                "processes_after": last.process_entries(),
-            })
+            entries.append({**last.entry(first=device), "processes_before": device.process_entries(),
+                            "processes_after": last.process_entries()})
         return entries
 
     def as_dict(self) -> dict[str, Any]:

@@ -233,13 +233,8 @@ class WaitOutcome(Judged):
         for device in self.after:
             first = before.get(device.index, device)
             entries.append({
-                "index": device.index,
-                "uuid": device.uuid,
-                "name": device.name,
-                "total_mib": device.total_mib,
+                **device.entry(first=first),
                 "reserved_mib": None if device.reserved_bytes is None else round(device.reserved_bytes / MIB, 1),
-                "used_mib_before": first.used_mib,
-                "used_mib_after": device.used_mib,
                 "processes": device.process_entries(),
             })
         return entries

@@ -142,7 +142,7 @@ def remove_live_file(path: str) -> bool:
     The directory is walked as the writer walks it; a link at the name is removed, never followed."""
     directory, name = os.path.split(path)
     try:
-        with _textfile().walk(directory) as found:
+        with _textfile().safepath.walk(directory) as found:
             os.unlink(name, dir_fd=found.fd)
     except OSError:
         return False

@@ -29,7 +29,7 @@ import shutil
 import stat
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Pattern
+from typing import Any, Callable, Mapping, Pattern
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
@@ -409,20 +409,13 @@ def _check_backend(backend: str) -> None:
                         "use backend=supervisor or auto")
 
 
-def _check_user(user: str | None) -> None:
-    if user is not None:
+def _check_account(option: str, name: str | None, lookup: Callable[[str], Any]) -> None:
+    """BadOption naming `option` when `name` is given and `lookup` (``pwd.getpwnam``, ``grp.getgrnam``) does not know it."""
+    if name is not None:
         try:
-            pwd.getpwnam(user)
+            lookup(name)
         except KeyError:
-            raise BadOption("user", f"no such user {user!r}") from None
-
-
-def _check_group(group: str | None) -> None:
-    if group is not None:
-        try:
-            grp.getgrnam(group)
-        except KeyError:
-            raise BadOption("group", f"no such group {group!r}") from None
+            raise BadOption(option, f"no such {option} {name!r}") from None
 
 
 def _job_name(name: str | None) -> str:
@@ -495,8 +488,8 @@ def _job_spec(checks: OptionChecks, params: Mapping[str, Any]) -> JobSpec | None
     env = checks.check(_job_env, params.get("env"))
     chdir = checks.check(_absolute, "chdir", params.get("chdir"))
     user, group = params.get("user"), params.get("group")
-    checks.check(_check_user, user)
-    checks.check(_check_group, group)
+    checks.check(_check_account, "user", user, pwd.getpwnam)
+    checks.check(_check_account, "group", group, grp.getgrnam)
     if checks.failed() or argv is None or env is None:
         return None
     shell_command = command if params.get("shell") else None

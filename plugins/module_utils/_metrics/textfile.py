@@ -35,26 +35,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 if not __package__:
     # The private copy the node's live health writes with (see _launch/live.py): its neighbours are copies too.
+    import safepath  # pylint: disable=import-error
     from options import BadOption  # pylint: disable=import-error
-    from safepath import (  # pylint: disable=import-error
-        NotRegularFile,
-        UnsafePath,
-        open_regular_at,
-        walk,
-        why_not_writable,
-        write_atomic_at,
-    )
     from verdict import ESCALATION_WORDS, HEALTH_WORDS  # pylint: disable=import-error
 else:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
-    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.safepath import (
-        NotRegularFile,
-        UnsafePath,
-        open_regular_at,
-        walk,
-        why_not_writable,
-        write_atomic_at,
-    )
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import ESCALATION_WORDS, HEALTH_WORDS
 
 # What this run did: relaunch_decision's actions (none, relaunch, refused), or failed (a step failed,
@@ -372,18 +358,18 @@ def write_textfile(directory: str, name: str, text: str, check_mode: bool = Fals
     path = os.path.join(directory, name)
     data = text.encode("utf-8", "replace")
     try:
-        with walk(directory, listable=True) as parent:
+        with safepath.walk(directory, listable=True) as parent:
             before = _read_regular(parent.fd, name)
             changed = before is None or comparable(before) != comparable(data.decode("utf-8"))
             if check_mode:
                 return Written(path, changed, False, before)
-            why = why_not_writable(parent.fd)
+            why = safepath.why_not_writable(parent.fd)
             if why:
                 raise MetricsWriteError(f"{directory} {why}")
-            write_atomic_at(parent.fd, name, data, 0o644)
+            safepath.write_atomic_at(parent.fd, name, data, 0o644)
             # The rename is on disk too: after a crash the collector finds the old file or the new one.
             os.fsync(parent.fd)
-    except UnsafePath as exc:
+    except safepath.UnsafePath as exc:
         raise MetricsWriteError(f"{directory}: {exc}") from None
     except FileNotFoundError:
         raise MetricsWriteError(f"{directory} does not exist (it is the textfile collector's directory: "
@@ -398,8 +384,8 @@ def _read_regular(dir_fd: int, name: str) -> str | None:
     (never followed), anything else (open_regular_at refuses it without blocking on a FIFO), or a file
     too large to be one this module wrote."""
     try:
-        fd = open_regular_at(dir_fd, name, os.O_RDONLY)
-    except (NotRegularFile, OSError):
+        fd = safepath.open_regular_at(dir_fd, name, os.O_RDONLY)
+    except (safepath.NotRegularFile, OSError):
         return None
     try:
         chunks = []
