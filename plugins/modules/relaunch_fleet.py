@@ -59,6 +59,11 @@ options:
       - In check mode, DIR/check/fleet.json instead.
     type: str
     default: ""
+attributes:
+  check_mode:
+    support: full
+    details:
+      - In check mode the counts say what a real run would do (C(would_relaunch)), and the file is DIR/check/fleet.json.
 """
 
 EXAMPLES = r"""
