@@ -39,9 +39,9 @@ options:
   decision_steps:
     description:
       - >-
-        The steps the decision's task ran itself (RV(gpuops.relaunch.relaunch_decision#module:steps)): for a job of one
-        host whose container had to be rebooted, the stop, the clean-up and the drain before the reboot. A step's
-        result in O(results) that is not null wins.
+        The steps a decision's task ran itself (RV(gpuops.relaunch.relaunch_decision#module:steps)): the stop, the
+        clean-up and the drain of a rank (its joint decision's), or of a job of one host whose container had to be
+        rebooted. A step's result in O(results) that is neither null nor skipped wins.
     type: dict
     default: {}
   failure:

@@ -436,9 +436,9 @@ def _elapsed(*results: Mapping[str, Any]) -> float | None:
 
 
 def step_results(registered: Mapping[str, Any], decision_steps: Mapping[str, Any]) -> dict[str, Any]:
-    """The results of one relaunch's steps: those the role's tasks registered, and where a task did not run (null,
-    or skipped) the decision's own (a job of one host runs its stop, clean-up and drain in the decision's task, and
-    its tasks for the ranks are skipped)."""
+    """The results of one relaunch's steps: those the role's tasks registered (the reboot, the looks after it, the
+    launch) and, where no task of the role ran one (null, or skipped), the decision's own: the stop, the clean-up and
+    the drain run in a decision's task (a job of one host's, or a rank's joint decision)."""
     ran = {name: value for name, value in registered.items() if _result(value)}
     return {**registered, **decision_steps, **ran}
 
