@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.gpu_holder import sim_gpu
 from tests.harness.launch_targets import end_recorded_runs
 from tests.harness.playbook import REPO, run_playbook
 from tests.harness.procstates import state_of, wait_until
@@ -163,3 +164,26 @@ def test_relaunch_force_restarts_a_healthy_job(site):
     assert state_of(int(first["job"]["pid"])) is None
     rotated = list(Path(site["vars"]["job_launch_log_path"]).parent.glob("train.log.*"))
     assert rotated, "the first run's log was kept"
+
+
+def test_the_drain_alone_gets_gpu_drain_environment(site):
+    """A job of one host is relaunched in one task (plugin_utils/relaunch_steps), its steps' module runs on one
+    connection: gpu_drain_environment (the simulated NVML's bindings and state file) reaches the drain, which finds
+    the GPU through it (gpus_required), and not the launch: the incident record the launch writes for the crashed
+    run holds this machine's own GPU evidence (it has no GPU and no nvidia-smi)."""
+    site["vars"]["job_launch_command"] += ["--ready-after", "0.1", "--exit-after", "1.5", "--exit-code", "3"]
+    inventory = Path(site["inventory"])
+    inventory.write_text(json.dumps({"all": {"hosts": {"localhost": site["vars"]}}}), encoding="utf-8")
+    assert summary(run_playbook(PLAYBOOK, inventory=site["inventory"]))["relaunched"] is True
+    exit_record = Path(site["vars"]["job_launch_state_dir"]) / site["vars"]["job_launch_name"] / "exit.json"
+    wait_until(exit_record.exists, what="the job's exit record")
+    with sim_gpu(devices=1) as gpu:
+        site["vars"].update(gpu_drain_gpus_required=True, gpu_drain_environment=gpu.env())
+        inventory.write_text(json.dumps({"all": {"hosts": {"localhost": site["vars"]}}}), encoding="utf-8")
+        run = run_playbook(PLAYBOOK, inventory=site["inventory"])
+        crashed = summary(run)
+    assert crashed["relaunched"] is True and crashed["health"]["state"] == "crashed", crashed
+    drain = run.step("drain")
+    assert drain["backend"] == "pynvml" and drain["gpu_present"] is True and len(drain["gpus"]) == 1, drain
+    incident = json.loads(Path(crashed["incident"]).read_text(encoding="utf-8"))
+    assert incident["gpu"]["available"] is False, incident["gpu"]
