@@ -14,6 +14,7 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import M
 ARGUMENT_SPEC = {
     "module": {"type": "str", "required": True, "choices": sorted(MODULE_PREFIX)},
     "options": {"type": "dict", "default": {}},
+    "environment": {"type": "dict", "default": {}},
 }
 
 
@@ -27,5 +28,5 @@ class ActionModule(CheckedAction):
         if unknown:
             result.update(failed=True, changed=False, msg="; ".join(unknown), unknown_variables=unknown)
             return result
-        result.update(self.run_role_module(args["module"], args["options"], task_vars))
+        result.update(self.run_role_module(args["module"], args["options"], task_vars, args["environment"]))
         return result

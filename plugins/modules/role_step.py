@@ -46,6 +46,16 @@ options:
     description: Options given by the task itself; they win over the role variables (for example C(state=stopped)).
     type: dict
     default: {}
+  environment:
+    description:
+      - >-
+        Environment variables for this module run, added to the task's own: the drain's C(gpu_drain_environment).
+        Ansible puts them in front of the module's command line unquoted, so a name that is not a shell variable's
+        (letters, digits and C(_), not starting with a digit) fails the task before anything runs, as a value with a
+        NUL byte does.
+    type: dict
+    default: {}
+    version_added: 0.2.0
 attributes:
   action:
     description: Runs on the controller as an action plugin; it runs O(module) on the target.

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import environment_problems, options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables
 
 # Runs a module on the target: (module name, its arguments) -> its result.
@@ -46,8 +46,12 @@ class CheckedAction(ActionBase):
                         environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run a step role's module (train_launch, zombie_reap, gpu_mem_wait) on the target with its options
         from the role variables (plugin_utils/role_vars); the `explicit` options win. `environment` is added
-        to the task's own for this module run only. A refused option is named by the role variable the
-        user set (job_launch_command: ...), not only by the module's option."""
+        to the task's own for this module run only (gpu_drain_environment: a name that is not a variable's
+        fails the step before anything runs). A refused option is named by the role variable the user set
+        (job_launch_command: ...), not only by the module's option."""
+        problems = environment_problems(environment)
+        if problems:
+            return {"failed": True, "changed": False, "msg": "; ".join(problems)}
         module_options = {**options_from_variables(module, self._templar.template, task_vars), **explicit}
         inherited = self._task.environment
         if environment:

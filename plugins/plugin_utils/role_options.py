@@ -5,6 +5,7 @@ actions (role_step, relaunch_decision) read the variables that plugin_utils/role
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Mapping
 
 try:
@@ -15,7 +16,14 @@ except ImportError:
     # Older ansible-core templates it to the play's omit token instead (compared below).
     OMITTED = ()
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import module_args
+
+# The one role variable that becomes a module run's environment (the drain's: simulated NVML, CUDA settings).
+DRAIN_ENVIRONMENT = "gpu_drain_environment"
+# A name the shell takes as a variable's: Ansible puts the environment in front of the module's command line
+# unquoted (NAME=value ...), so any other name would be run as shell text.
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def variable_lookup(template: Callable[[Any], Any], task_vars: Mapping[str, Any]) -> Callable[[str], Any]:
@@ -39,3 +47,18 @@ def variable_lookup(template: Callable[[Any], Any], task_vars: Mapping[str, Any]
 def options_from_variables(module: str, template: Callable[[Any], Any], task_vars: Mapping[str, Any]) -> dict[str, Any]:
     """`module`'s options from the role variables in `task_vars` (see :func:`variable_lookup`)."""
     return module_args(module, variable_lookup(template, task_vars))
+
+
+def environment_problems(environment: Any, variable: str = DRAIN_ENVIRONMENT) -> list[str]:
+    """What is wrong with `environment` as a module run's environment, each naming `variable`: a name that is not a
+    shell variable's, a value with a NUL byte; [] when nothing is (the type is the argument spec's to check)."""
+    if not isinstance(environment, Mapping):
+        return []
+    problems = []
+    for name, value in environment.items():
+        if not isinstance(name, str) or not _VARIABLE_NAME.match(name):
+            problems.append(f"{variable}: {escape_controls(repr(name))} is not an environment variable name "
+                            f"(letters, digits and _, not starting with a digit)")
+        elif "\0" in str(value):
+            problems.append(f"{variable}: the value of {name} contains a NUL byte")
+    return problems

@@ -26,7 +26,7 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import variable_lookup
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import DRAIN_ENVIRONMENT, environment_problems, variable_lookup
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "roles" / "relaunch" / "meta" / "argument_specs.yml"
 
@@ -62,4 +62,6 @@ def role_variable_errors(task_vars: Mapping[str, Any], template: Callable[[Any],
     # runs: a drain's NaN after the job was stopped. Refused here, nothing has changed yet.
     not_finite = [f"{name} must be a finite number, got {value!r}" for name, value in checked.validated_parameters.items()
                   if options[name].get("type") == "float" and isinstance(value, float) and not math.isfinite(value)]
-    return [escape_controls(message) for message in errors + checked.error_messages + not_finite]
+    # The drain's environment goes onto a command line: a name that is no variable's would run as shell text.
+    environment = environment_problems(checked.validated_parameters.get(DRAIN_ENVIRONMENT))
+    return [escape_controls(message) for message in errors + checked.error_messages + not_finite] + environment

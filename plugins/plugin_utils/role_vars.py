@@ -207,7 +207,9 @@ VARIABLES: tuple[RoleVar, ...] = (
     _opt(_GW, "gpus_required"),
     _opt(_GW, "backend"),
     RoleVar("gpu_drain_environment", type="dict", default={}, description=(
-        "Extra environment for the wait, for example PYTHONPATH of the NVML bindings.",)),
+        "Extra environment for the wait, for example PYTHONPATH of the NVML bindings.",
+        "Each name must be a shell variable's (letters, digits and C(_), not starting with a digit): Ansible puts the "
+        "environment on the module's command line unquoted, so any other name is refused before anything runs.")),
     RoleVar("gpu_drain_fail_on_timeout", roles=("gpu_drain",), type="bool", default=True, description=(
         "Fail when the GPUs are not released in time; false leaves the decision to the play (from "
         "C(gpu_drain_needs_reboot) and C(gpu_drain_needs_host_action)).",)),

@@ -111,10 +111,15 @@ def test_forcing_needs_the_hosts_named_and_inventory_force_works(site: Site) -> 
         assert site.pids() == running
 
     # A NaN drain timeout with the force: refused at the decision, before the stop would end the job
-    # (gpu_mem_wait refuses it too, but only once the job is gone).
-    nan = site.relaunch({"relaunch_force": True, "gpu_drain_timeout": float("nan")}, ["--limit", "job-a"])
-    assert "gpu_drain_timeout must be a finite number, got nan" in nan.result(REFUSE, "job-a")["msg"]
-    assert not nan.ran_step("stop") and Path(f"/proc/{running['job-a']}").exists()
+    # (gpu_mem_wait refuses it too, but only once the job is gone). So is a drain environment whose name would run
+    # as shell text on the drain's command line (Ansible writes NAME=value unquoted).
+    marker = site.root / "injected"
+    nan = site.relaunch({"relaunch_force": True, "gpu_drain_timeout": float("nan"),
+                         "gpu_drain_environment": {f"X;touch {marker};Y": "1"}}, ["--limit", "job-a"])
+    refused_msg = nan.result(REFUSE, "job-a")["msg"]
+    assert "gpu_drain_timeout must be a finite number, got nan" in refused_msg
+    assert f"gpu_drain_environment: 'X;touch {marker};Y' is not an environment variable name" in refused_msg
+    assert not nan.ran_step("stop") and Path(f"/proc/{running['job-a']}").exists() and not marker.exists()
 
     # Named with --limit: that host only is forced.
     limited = site.relaunch({"relaunch_force": True}, ["--limit", "job-a"])

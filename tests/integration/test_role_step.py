@@ -26,6 +26,7 @@ def test_a_typo_is_refused_before_any_module_runs_and_a_bad_value_names_its_vari
     job = {"job_launch_name": "step-job", "job_launch_command": [sys.executable, "-c", "pass"],
            "job_launch_state_dir": str(state_dir), "job_launch_log_path": str(tmp_path / "logs" / "step.log")}
     inventory = tmp_path / "inventory"
+    marker = tmp_path / "injected"
     inventory.write_text(
         f"{TYPO_HOST} ansible_connection=local ansible_python_interpreter={sys.executable} job_launch_ready_regx='^step 1 '\n"
         f"{CLEAN_HOST} ansible_connection=local ansible_python_interpreter={sys.executable}\n", encoding="utf-8")
@@ -35,7 +36,9 @@ def test_a_typo_is_refused_before_any_module_runs_and_a_bad_value_names_its_vari
          "tasks": [include("job_launch", **job), include("process_cleanup", process_cleanup_match=["step-job-nothing"])]},
         {"name": "bad value", "hosts": CLEAN_HOST, "gather_facts": False,
          "tasks": [include("job_launch", **job, job_launch_min_uptime=-1, job_launch_ready_regex="{{ omit }}",
-                           job_launch_term_timeout="{{ 7 }}")]},
+                           job_launch_term_timeout="{{ 7 }}"),
+                   # A drain environment name that would run as shell text on the module's command line.
+                   include("gpu_drain", gpu_drain_environment={f"X;touch {marker};Y": "1"}, gpu_drain_gpus_required=False)]},
     ]
     run = run_playbook(plays, inventory=str(inventory))
 
@@ -63,3 +66,7 @@ def test_a_typo_is_refused_before_any_module_runs_and_a_bad_value_names_its_vari
     assert float(bad["invocation"]["module_args"]["term_timeout"]) == 7
     assert bad["invocation"]["module_args"]["ready_regex"] is None  # the module's default: not passed
     assert not state_dir.exists()
+    drain = run.result("gpuops.relaunch.gpu_drain : Wait until the GPUs are released", CLEAN_HOST)
+    assert drain["failed"] is True and "invocation" not in drain and not marker.exists(), drain
+    assert drain["msg"] == (f"gpu_drain_environment: 'X;touch {marker};Y' is not an environment variable name (letters, "
+                            f"digits and _, not starting with a digit)"), drain["msg"]

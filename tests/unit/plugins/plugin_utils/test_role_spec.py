@@ -67,3 +67,17 @@ def test_a_number_that_is_not_finite_is_refused_before_its_step_would_refuse_it(
     found = errors(dict(JOB, gpu_drain_timeout=float("nan"), process_cleanup_term_timeout="inf", job_launch_min_uptime=2))
     assert sorted(found) == ["gpu_drain_timeout must be a finite number, got nan",
                              "process_cleanup_term_timeout must be a finite number, got inf"], found
+
+
+def test_a_drain_environment_name_that_is_no_variable_name_is_refused_before_it_reaches_a_command_line():
+    assert errors(dict(JOB, gpu_drain_environment={"PYTHONPATH": "/opt/nvml", "_X1": "a b;c"})) == []
+    found = errors(dict(JOB, gpu_drain_environment={"X;touch /tmp/p;Y": "1", "1A": "x", "A=B": "x", "OK\x1b": "x",
+                                                    "NUL": "a\0b"}))
+    assert found == [
+        "gpu_drain_environment: 'X;touch /tmp/p;Y' is not an environment variable name (letters, digits and _, not "
+        "starting with a digit)",
+        "gpu_drain_environment: '1A' is not an environment variable name (letters, digits and _, not starting with a digit)",
+        "gpu_drain_environment: 'A=B' is not an environment variable name (letters, digits and _, not starting with a digit)",
+        "gpu_drain_environment: 'OK\\x1b' is not an environment variable name (letters, digits and _, not starting with a "
+        "digit)",
+        "gpu_drain_environment: the value of NUL contains a NUL byte"], found
