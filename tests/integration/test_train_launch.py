@@ -7,14 +7,17 @@ orphans would stay a zombie there for ever unless the supervisor, its subreaper,
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.launch_targets import DEMO, Target, in_pid_namespace, on_localhost, playbook_popen, readable_by_all
+from tests.harness.pidns import pid_namespace
 from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
@@ -437,3 +440,61 @@ def test_job_launch_role_default_log_follows_the_name(local: Target) -> None:
         probe = run.result(f"show {name}")["job_launch_result"]
         assert probe["log_path"] == f"/var/log/gpuops/{name}.log" and probe["operation"] == "start", probe
     assert not Path(local.state_dir).exists()
+
+
+# A stand-in supervisor with a wide window between reaping its last child and going idle (the real one's
+# is milliseconds: it records the exit and refreshes the live file first). It carries the supervisor mark,
+# so the stop proves it as the job's supervisor and its child as the run's member by descent.
+SLOW_TO_SETTLE = r"""
+import json, os, signal, sys, time
+sys.path[:0] = [sys.argv[1]]
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import SupervisorBackend
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import SUPERVISOR_MARK, process_starttime
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
+job_dir = sys.argv[2]
+os.makedirs(job_dir, mode=0o700)
+read_end, write_end = os.pipe()
+supervisor = os.fork()
+if supervisor == 0:
+    os.setsid()  # the stop never signals the group of the process running it
+    os.environ[SUPERVISOR_MARK] = job_dir
+    os.set_inheritable(write_end, True)
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
+    os.execv(sys.executable, [sys.executable, "-c", '''
+import json, os, signal, sys, time
+job_dir, ready = sys.argv[1], int(sys.argv[2])
+leader = os.fork()
+if leader == 0:
+    os.execv("/bin/sleep", ["sleep", "600"])
+os.write(ready, str(leader).encode())
+os.close(ready)
+os.waitpid(leader, 0)
+time.sleep(0.5)
+with open(os.path.join(job_dir, "idle.json"), "w") as idle:
+    json.dump({"supervisor_pid": os.getpid(), "supervisor_starttime": int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])}, idle)
+signal.pause()
+''', job_dir, str(write_end)])
+os.close(write_end)
+leader = int(os.read(read_end, 64))
+run = {"run_id": "settle", "pid": leader, "starttime": process_starttime(leader),
+       "supervisor_pid": supervisor, "supervisor_starttime": process_starttime(supervisor)}
+backend = SupervisorBackend(JobRecords(job_dir), sys.executable)
+outcome = backend.stop(run, type("Options", (), {"term_timeout": 5})())
+idle = backend.idle_supervisor()
+print(json.dumps({"gone": outcome.gone, "idle": idle, "supervisor": supervisor}))
+os.kill(supervisor, signal.SIGKILL)
+"""
+
+
+def test_stop_returns_once_the_supervisor_has_settled(tmp_path: Path) -> None:
+    """The stop waits until the supervisor that reaped the job has gone idle (or exited): state=absent and a
+    start look for the idle supervisor right after the stop, and one that went idle a moment later was missed
+    (absent removed the records under it, without ending it)."""
+    collections = Path(__file__).resolve().parents[2] / ".build" / "collections"
+    with pid_namespace() as namespace:
+        done = namespace.run_inside([sys.executable, "-I", "-c", SLOW_TO_SETTLE, str(collections), str(tmp_path / "job")])
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["gone"] is True
+    assert seen["idle"] is not None and seen["idle"]["supervisor_pid"] == seen["supervisor"], seen

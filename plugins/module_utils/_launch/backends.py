@@ -38,6 +38,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
 
 # The job's log: the job's user writes it, its group may read it.
 LOG_MODE = 0o640
+# How long a stopped run's supervisor may take to record the exit and exit or go idle (milliseconds, normally).
+SETTLE_WAIT = 5.0
 
 
 # The start path's modules (supervisor.py, systemd.py) are imported where a start or a systemd run needs
@@ -138,7 +140,23 @@ class SupervisorBackend:
         identity = self.records.identity(run)
         if identity is None:
             return StopOutcome()
-        return stop_tree(identity, options.term_timeout, self.records.proc_root, supervisor_idle=self.is_idle(run))
+        outcome = stop_tree(identity, options.term_timeout, self.records.proc_root, supervisor_idle=self.is_idle(run))
+        if outcome.gone:
+            self._wait_until_settled(run)
+        return outcome
+
+    def _wait_until_settled(self, run: dict) -> None:
+        """Wait until the run's supervisor has exited or gone idle (idle.json written).
+
+        The stop counts the run as gone once the supervisor has reaped its last child; the supervisor
+        then records the exit and only afterwards exits or writes idle.json. A caller that looked for
+        the idle supervisor in between (state=absent before removing the records, a start reusing it)
+        would miss it, and the supervisor would go idle in records already gone.
+        """
+        pid, starttime = run.get("supervisor_pid"), run.get("supervisor_starttime")
+        idle = self.is_idle(run)
+        Deadline(SETTLE_WAIT).poll(lambda: idle() or not supervisor_alive(pid, starttime, self.records.job_dir,
+                                                                          self.records.proc_root))
 
 
 class SystemdBackend:
