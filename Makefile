@@ -14,7 +14,7 @@ PROMTOOL  := $(PROM)/usr/bin/promtool
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup apt venv demo-venv collection prometheus-tools demo test pytest sanity lint docs-lint rules-test molecule matrix bench clean
+.PHONY: lock setup apt venv demo-venv collection prometheus-tools demo test pytest sanity lint docs-lint rules-test molecule matrix bench clean
 
 setup: apt venv collection
 
@@ -149,3 +149,8 @@ bench: setup prometheus-tools
 
 clean:
 	rm -rf $(BUILD) $(VENV)
+
+# The locks (tools/lock.py): requirements/constraints.txt for .venv and requirements/matrix-*.txt for the
+# support matrix, each the pip freeze of a fresh venv. UPGRADE=1 resolves every pin anew.
+lock: venv
+	$(PY) tools/lock.py $(if $(UPGRADE),--upgrade)
