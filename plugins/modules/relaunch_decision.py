@@ -205,6 +205,14 @@ host_fails:
       O(fail_host), else where the play fails it, after the fleet summary in C(playbooks/relaunch.yml)).
   returned: when the host was summarized here
   type: bool
+host_failure:
+  description:
+    - The message the host fails with when RV(host_fails) (the failed step and its error, or the crash-loop guard's
+      refusal), else null. C(playbooks/relaunch.yml) fails the host with it, read from this task's registered result;
+      in a later node of an AWX workflow the fact C(relaunch_summary) is the earlier node's set_stats data, an extra var.
+  returned: when the host was summarized here
+  type: str
+  version_added: 0.2.0
 nothing_left:
   description:
     - >-

@@ -135,6 +135,14 @@ host_fails:
   description: Whether the host fails because its relaunch failed or was refused (at once with O(fail_host)).
   returned: success
   type: bool
+host_failure:
+  description:
+    - The message the host fails with when RV(host_fails) (the failed step and its error, or the crash-loop guard's
+      refusal), else null. C(playbooks/relaunch.yml) fails the host with it, read from this task's registered result;
+      in a later node of an AWX workflow the fact C(relaunch_summary) is the earlier node's set_stats data, an extra var.
+  returned: success
+  type: str
+  version_added: 0.2.0
 summary_path:
   description: The JSON file written (DIR/HOST@JOB.json, or in check mode DIR/check/HOST@JOB.json).
   returned: when O(summary_dir) is set

@@ -26,7 +26,7 @@ def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: st
             rank: Mapping[str, Any] | None, job_name: str, summary_dir: str, metrics_dir: str, fail_host: bool,
             run_module: ModuleRunner) -> dict[str, Any]:
     """The result of a task that summarizes `host`: `summary`, the facts and stats, the files' paths,
-    `host_fails`, `msg` (one line; the host fails with the failure message instead when `fail_host` and it
+    `host_fails` and `host_failure` (the message it fails with, or None), `msg` (one line; the host fails with the failure message instead when `fail_host` and it
     failed or was refused). The line is also displayed: the task's result is shown in full only at -v."""
     if not job_name and failure is not None:
         # A host that failed before its job had a name (job_launch_name unset) has no file to name: its
@@ -57,7 +57,10 @@ def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: st
             return dict(result, failed=True, msg=f"metrics_dir: {problem}")
     failure_text = failure_message(summary, job_name)
     # The host fails (now, or with fail_host false after the fleet summary): its relaunch failed or was refused.
+    # playbooks/relaunch.yml fails it with host_failure of this registered result, never with the fact: an extra
+    # var outranks the fact, and a workflow's earlier node passes its set_stats relaunch_summary on as one.
     result["host_fails"] = failure_text is not None
+    result["host_failure"] = failure_text
     if fail_host and failure_text:
         # The callback prints the failure; the line would say it a second time.
         result.update(failed=True, msg=failure_text)

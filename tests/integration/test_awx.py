@@ -412,9 +412,17 @@ def _write_job(job: AwxJob, inventory: dict[str, Any], cred_env: dict[str, str],
     (job.pdd / "env").mkdir(exist_ok=True)
     envvars = dict(cred_env, ANSIBLE_COLLECTIONS_PATH=str(job.collections), ANSIBLE_LOCAL_TEMP=str(local_tmp))
     (job.pdd / "env" / "envvars").write_text(yaml.safe_dump(envvars), encoding="utf-8")
+    _write_extravars(job, hosts, cred_extra)
+
+
+def _write_extravars(job: AwxJob, hosts: str, extra: dict[str, Any], passed_on: dict[str, Any] | None = None) -> None:
+    """env/extravars: the survey's defaults, `hosts` as its Hosts answer and `extra`; for a later node of a
+    workflow, over the set_stats data of the nodes before it (`passed_on`), as AWX merges them
+    (awx/main/models/workflow.py: the ancestors' artifacts first, the node's own extra vars over them)."""
     survey_answers = {item["variable"]: item["default"] for item in SURVEY["spec"] if item["default"] != ""}
     survey_answers["relaunch_hosts"] = hosts
-    (job.pdd / "env" / "extravars").write_text(yaml.safe_dump(dict(survey_answers, **cred_extra)), encoding="utf-8")
+    extravars = dict(passed_on or {}, **survey_answers, **extra)
+    (job.pdd / "env" / "extravars").write_text(yaml.safe_dump(extravars), encoding="utf-8")
 
 
 def _run_job(job: AwxJob, ns: PidNamespace, ident: str, env: dict[str, str],
@@ -441,8 +449,12 @@ def _processes_naming(script: str) -> list[int]:
 
 
 def _events(artifacts: Path) -> list[dict[str, Any]]:
-    """The job events in the order they happened (their counter; the file names do not sort so)."""
+    """The job events in the order they happened (their counter; the file names do not sort so), each with its
+    event_data as AWX stores it: {} where runner gave none (a `verbose` event, a line printed outside a
+    callback, such as a Python warning at ansible's start)."""
     events = [json.loads(path.read_text(encoding="utf-8")) for path in (artifacts / "job_events").glob("*.json")]
+    for event in events:
+        event["event_data"] = event.get("event_data") or {}
     return sorted(events, key=lambda event: event["counter"])
 
 
@@ -507,6 +519,49 @@ def test_relaunch_through_ansible_runner_as_awx_runs_it(tmp_path: Path) -> None:
     _assert_roles_from_the_project_update(job, events)
     # The credential's secret never reached an event.
     _assert_secret_never_shown(artifacts, SECRET)
+
+    # The same private data directory runs the next nodes of an AWX workflow, each with the set_stats data of
+    # the node before it as extra vars. The job printed what a template engine would run and crashed (its
+    # processes ended with the namespace above): a Jinja expression, and a line that starts with the header
+    # #jinja2: that sets other delimiters (ansible-core before 2.19 reads it without a newline after it).
+    markers = [tmp_path / "templated-jinja", tmp_path / "templated-header"]
+    printed = [f"step 9 {{{{ lookup('pipe', 'touch {markers[0]}') }}}}",
+               "#jinja2:variable_start_string:'[[',variable_end_string:']]',keep_trailing_newline:'[[ lookup(*"
+               f"\"pipe|touch {markers[1]}\".split(\"|\")) ]]' "]
+    with (tmp_path / "demo" / "train.log").open("a", encoding="utf-8") as log:
+        log.write("".join(line + "\n" for line in printed))
+    report = job.project / "workflow_report.yml"  # a later node's job template: it shows what it was passed
+    report.write_text(yaml.safe_dump([{
+        "name": "Show what the workflow passed on", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "Show it", "ansible.builtin.debug": {"msg": "{{ relaunch_summary }} {{ relaunch_fleet }}"}}],
+    }]), encoding="utf-8")
+    with pid_namespace() as ns:
+        # Node 2 relaunches the crashed job; its set_stats data carry the log's last lines, inert.
+        run = _run_job(job, ns, "awx-relaunch-2", _base_env())
+        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+        passed_on = _stats(_events(job.pdd / "artifacts" / "awx-relaunch-2"))["artifact_data"]
+        summary = passed_on["relaunch_summary"]["localhost"]
+        assert summary["relaunched"] is True and summary["health"]["state"] != "running", summary
+        tail = summary["health"]["log_tail"]
+        assert f"step 9 \\x7b{{ lookup('pipe', 'touch {markers[0]}') }}}}" in tail, tail
+        assert any(line.startswith("\\x23jinja2:variable_start_string") for line in tail), tail
+        assert not [text for text in ("{{", "{%", "{#", "#jinja2:") if text in json.dumps(passed_on)]
+
+        # Node 3, the relaunch again (a scheduled one after it): the job runs, so nothing changes, and no host
+        # fails on the earlier node's relaunch_summary, an extra var that outranks this run's fact.
+        _write_extravars(job, "localhost", cred_extra, passed_on)
+        run = _run_job(job, ns, "awx-relaunch-3", _base_env())
+        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+        data = _stats(_events(job.pdd / "artifacts" / "awx-relaunch-3"))
+        assert data["failures"] == {} and data["dark"] == {}, data
+        assert data["artifact_data"]["relaunch_summary"]["localhost"]["status"] == "unchanged", data["artifact_data"]
+
+        # Node 4, another job template after node 2, shows what node 2 passed on: it runs nothing of it.
+        run = _run_job(job, ns, "awx-report", _base_env(), playbook=report.name)
+        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+        shown = [e for e in _events(job.pdd / "artifacts" / "awx-report") if e["event"] == "runner_on_ok"]
+        assert "x7b{ lookup('pipe', 'touch" in shown[0]["event_data"]["res"]["msg"], shown
+    assert not [marker for marker in markers if marker.exists()]
 
 
 # --- (d) the same, against the fakepve lab, with a container reset --------------------------------

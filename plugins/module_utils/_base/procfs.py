@@ -79,8 +79,9 @@ class StatFields:
     starttime: int
 
 
-# A byte that is neither printable ASCII nor tab: text without one is shown as it is.
-_NOT_PLAIN = re.compile(b"[^\t\x20-\x7e]")
+# A byte that is neither printable ASCII nor tab, or one that may start what Jinja reads ("{{",
+# "#jinja2:"): text without one is shown as it is.
+_NOT_PLAIN = re.compile(b"[^\t\x20-\x7e]|[{#]")
 
 
 def shown_text(raw: bytes) -> str:

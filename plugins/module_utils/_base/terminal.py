@@ -8,6 +8,15 @@ C1's single-byte ``U+009B`` is CSI too), BEL, backspace and carriage return that
 operator reads. A result is shown by Ansible's callbacks, AWX, ``jq`` and ``less -R`` alike, and a
 message is printed as it is: so every log line that leaves a module goes through ``escape_controls``
 once, where it is read, and a control character reaches the operator as visible text (``\\x1b``).
+
+Job text is data for template engines too: a summary goes into set_stats, and a workflow (AWX, or any
+tool that passes a node's stats on) hands it to the next node as extra vars, which ansible-core
+templates as trusted. So the same escape writes the ``{`` that opens a Jinja delimiter (``{{``, ``{%``,
+``{#``) as ``\\x7b``: ``{{ lookup('pipe', ...) }}`` becomes ``\\x7b{ lookup('pipe', ...) }}``, which no
+Jinja evaluates. Ansible templates a variable's value with these default delimiters on every version
+(a template task's ``variable_start_string`` changes only its own file's), except where the value itself
+starts with the header ``#jinja2:`` that sets others (``variable_start_string:'[['``; on ansible-core
+before 2.19 even without a newline after it): so the ``#`` of ``#jinja2:`` is written ``\\x23``.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ import re
 
 # C0 but tab, DEL, C1 (U+0080-U+009F), and surrogates: a byte that is not UTF-8, decoded with
 # surrogateescape, is the lone surrogate U+DC80-U+DCFF, which no JSON encoder should see either.
-_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")
+# And what Jinja would read: a "{" that opens a delimiter and the "#" of the header "#jinja2:" that
+# sets other delimiters; after the escape no "{{", "{%", "{#" or "#jinja2:" is left.
+_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]|{(?=[{%#])|#(?=jinja2:)")
 
 
 def _visible(match: re.Match) -> str:
@@ -30,7 +41,9 @@ def _visible(match: re.Match) -> str:
 
 def escape_controls(text: str) -> str:
     """`text` with every control character but tab (C0, DEL, C1) and every lone surrogate written as
-    a visible escape: ``\\x1b``, ``\\x9b``, ``\\x07``, ``\\xff`` for an undecodable byte 0xff."""
+    a visible escape: ``\\x1b``, ``\\x9b``, ``\\x07``, ``\\xff`` for an undecodable byte 0xff; and
+    every ``{`` that opens a Jinja delimiter as ``\\x7b`` and the ``#`` of ``#jinja2:`` as ``\\x23``, so that
+    no template engine evaluates it."""
     return _CONTROLS.sub(_visible, text)
 
 

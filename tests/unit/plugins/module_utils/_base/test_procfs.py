@@ -239,6 +239,13 @@ def test_shown_text_is_the_escaped_decoding_of_any_bytes(raw):
     assert _UNSHOWABLE.search(shown_text(raw)) is None
 
 
+@pytest.mark.parametrize("raw", [b"python3 train.py --cfg {{ lookup('pipe', 'id') }}", b"#jinja2:x {%"])
+def test_a_plain_ascii_command_line_that_jinja_would_read_is_escaped(raw):
+    # The plain-ASCII shortcut must not pass what opens a template (a command line reaches set_stats).
+    assert shown_text(raw) == escape_controls(raw.decode("ascii"))
+    assert "{{" not in shown_text(raw) and "{%" not in shown_text(raw) and "#jinja2:" not in shown_text(raw)
+
+
 def test_a_scan_escapes_nothing_and_what_is_read_of_it_comes_back_escaped(tmp_path, monkeypatch):
     escaped: list[str] = []
     real = procfs.escape_controls

@@ -32,3 +32,51 @@ def test_undecodable_bytes_are_shown_as_themselves() -> None:
     assert line == "\\xff\\xfe step \u00e9 \\x9b \\x9b\\x1b[0m"
     json.dumps(line).encode("utf-8")  # no lone surrogate is left for a JSON encoder to choke on
     assert all(ord(char) >= 0x20 and not 0x7f <= ord(char) <= 0x9f for char in line)
+
+
+# --- job text is data for template engines too ----------------------------------------------------
+# A summary goes into set_stats, and a workflow passes it to the next node as extra vars, which
+# ansible-core templates as trusted: whatever escape_controls returns no Jinja may evaluate.
+TEMPLATES = [
+    "{{ lookup('pipe', 'touch /tmp/x') }}",
+    "step 3 {% for i in range(9) %}x{% endfor %}",
+    "{# a comment #}{{ 7 * 7 }}",
+    "{{{ 7 * 7 }}}",
+    # The override header sets other delimiters; before ansible-core 2.19 it needs no newline after it.
+    "#jinja2:variable_start_string:'[[',variable_end_string:']]'\n[[ 7 * 7 ]]",
+    "#jinja2:variable_start_string:'[[',variable_end_string:']]',newline_sequence:'\\n' [[ 7 * 7 ]] ",
+]
+
+
+@pytest.mark.parametrize(
+    "raw, shown",
+    [
+        ("{{ lookup('pipe', 'touch /tmp/x') }}", "\\x7b{ lookup('pipe', 'touch /tmp/x') }}"),
+        ("a{%b{#c{ d }", "a\\x7b%b\\x7b#c{ d }"),                # a lone "{" is no delimiter
+        ("{{{", "\\x7b\\x7b{"),
+        ("#jinja2:trim_blocks:True", "\\x23jinja2:trim_blocks:True"),
+        ("# a comment, {'a': {'b': 1}}", "# a comment, {'a': {'b': 1}}"),  # JSON and Python stay readable
+    ],
+)
+def test_escape_controls_escapes_what_opens_a_template(raw: str, shown: str) -> None:
+    assert escape_controls(raw) == shown
+
+
+@pytest.mark.parametrize("text", TEMPLATES)
+def test_no_escaped_text_is_a_template_to_ansible(text: str) -> None:
+    """The installed ansible-core's own templar, given the escaped text as trusted (as extra vars are),
+    returns it as it is; and escaping twice changes nothing more."""
+    import ansible.template
+    from ansible.parsing.dataloader import DataLoader
+
+    # ansible-core 2.19 and later template only trusted text; before, every string.
+    trusted = getattr(ansible.template, "trust_as_template", lambda value: value)
+    escaped = escape_controls(text)
+    assert escape_controls(escaped) == escaped
+    templar = ansible.template.Templar(loader=DataLoader())
+    assert templar.template(trusted(escaped)) == escaped
+    # What the escape stops: the text as it was is a template (its result differs or it fails).
+    try:
+        assert templar.template(trusted(text)) != text
+    except Exception:  # pylint: disable=broad-exception-caught  # an error is evaluation too
+        pass
