@@ -22,7 +22,16 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options impo
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_reads import READS
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GPU_LOST, RESET_REQUIRED, kind_of_code
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
+    GPU_LOST,
+    RESET_REQUIRED,
+    GpuDevice,
+    GpuQueryError,
+    NvmlSession,
+    kind_of_code,
+    open_gpu_source,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import resolve_devices
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.xid import (
     APPLICATION,
     DEFAULT_BURST_WINDOW,
@@ -37,6 +46,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.xid import (
     bursts,
     nvml_bus_id,
     parse_bus_id,
+    read_kernel_log,
     rule_for,
     xid_table,
 )
@@ -76,9 +86,9 @@ class HealthOptions:
 def options_from_params(params: Mapping[str, Any], now: float | None = None) -> HealthOptions:
     """The module's options checked at once; OptionsInvalid naming every bad one."""
     checks = OptionChecks()
-    gpus = tuple(str(gpu).strip() for gpu in params["gpus"])
+    gpus = tuple(str(gpu).strip() for gpu in params["devices"])
     if not all(gpus):
-        checks.add("gpus", f"entries must not be empty, got {params['gpus']!r}")
+        checks.add("devices", f"entries must not be empty, got {params['devices']!r}")
     since = checks.check(_since, params["since"], time.time() if now is None else now)
     table = checks.check(xid_table, params["xid_overrides"])
     window = checks.check(check_seconds, "burst_window", params["burst_window"], 0.0, MAX_BURST_WINDOW)
@@ -162,7 +172,8 @@ def judge_reads(entry: Mapping[str, Any]) -> GpuHealth:
         return gpu
     lost = False
     for problem in entry.get("identity_errors", []):
-        lost = _lost_or_reset(gpu, problem.get("error"), str(problem.get("detail", ""))) or lost
+        if not lost:
+            lost = _lost_or_reset(gpu, problem.get("error"), str(problem.get("detail", "")))
     reads = entry.get("reads", {})
     for name in READS:
         read = reads.get(name, {"unsupported": "not read"})
@@ -289,4 +300,51 @@ def host_lost(error_kind: str, detail: str, scan: KernelLogScan | None, table: M
     kind, escalation = ((FindingKind.GPU_LOST, Escalation.HOST_REBOOT) if error_kind == GPU_LOST
                         else (FindingKind.RESET_REQUIRED, Escalation.GPU_RESET))
     health.judgement.add(kind, escalation, f"NVML: {escape_controls(detail)[:300]}")
+    return health
+
+
+# --- the look -----------------------------------------------------------------------------------
+
+NVIDIA_SMI_READS = "the nvidia-smi backend reads no health fields (install nvidia-ml-py on the target)"
+
+
+def read_host(options: HealthOptions, backend: str, nvidia_smi: str, query_timeout: float) -> tuple[str, HostHealth]:
+    """(backend, the host's health): the kernel log first (it needs no GPU), then the GPUs.
+
+    GpuQueryError where no GPU can be read at all, except a GPU lost or requiring a reset, which is a verdict.
+    BadOption (naming ``devices``) for a selected GPU that is not on the host.
+    """
+    scan = read_kernel_log(options.since, options.kernel_log_timeout) if options.kernel_log else None
+    source = None
+    try:
+        source = open_gpu_source(backend, nvidia_smi, query_timeout)
+        if isinstance(source, NvmlSession):
+            # One health read of every GPU, selected afterwards: a lost GPU fails only its own entry.
+            entries = source.health(None)
+        else:
+            entries = [{"index": d.index, "uuid": d.uuid, "pci_bus_id": "",
+                        "reads": {name: {"unsupported": NVIDIA_SMI_READS} for name in READS}}
+                       for d in source.query()]
+        if options.gpus:
+            listed = [GpuDevice(index=e["index"], uuid=str(e.get("uuid", "")), name="", total_bytes=0, used_bytes=0)
+                      for e in entries]
+            indices = set(resolve_devices(listed, list(options.gpus)))
+            entries = [e for e in entries if e["index"] in indices]
+        return source.backend, judge_host(entries, scan, options.table, options.burst_window, all_gpus=not options.gpus)
+    except GpuQueryError as exc:
+        if exc.kind not in (GPU_LOST, RESET_REQUIRED):
+            raise
+        return (source.backend if source else "none"), host_lost(exc.kind, str(exc), scan, options.table, options.burst_window)
+    finally:
+        if source is not None:
+            source.close()
+
+
+def no_gpu_health(options: HealthOptions, why: str) -> HostHealth:
+    """A host without a usable GPU (gpus_required=false): nothing to judge but the kernel log."""
+    scan = read_kernel_log(options.since, options.kernel_log_timeout) if options.kernel_log else None
+    health = judge_host([], scan, options.table, options.burst_window)
+    if [f for f in health.judgement.findings if f.kind == FindingKind.HEALTHY.value]:
+        health.judgement.findings = []
+        health.judgement.add(FindingKind.HEALTHY, Escalation.NONE, f"no NVIDIA GPU on this host: {escape_controls(why)[:300]}")
     return health
