@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_health
 short_description: Judge the GPUs' hardware health from NVML and the kernel log's XID events
-version_added: 0.6.0
+version_added: 0.1.0
 description:
   - Reads, per GPU, what the driver knows about the hardware and judges it in the collection's one
     escalation vocabulary, so that a relaunch (or a play of your own) can tell a job's crash from a
