@@ -146,6 +146,7 @@ bench: setup prometheus-tools
 	$(PY) bench/pct_connection.py
 	$(PY) bench/event_chain_latency.py
 	$(PY) bench/live_health_cpu.py
+	$(PY) bench/gpu_health.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)

@@ -7,7 +7,15 @@ Every module and role of the collection answers in these words (``escalation`` i
 * ``none``: nothing stands in the way (nothing found, or nothing more this step could do);
 * ``signals``: signals and reaping clear it (and the time the kernel takes to tear a process down);
 * ``container_reboot``: only a restart of the container clears it;
-* ``host_action``: not even that may help; the host must act.
+* ``gpu_reset``: only a reset of a GPU clears it (``nvidia-smi --gpu-reset`` on the machine that owns
+  the GPU -- the host, or the Proxmox node of a container -- with no process anywhere there holding it);
+* ``host_reboot``: only a reboot of the machine that owns the GPU clears it (for a container, the
+  Proxmox node, not the container);
+* ``host_action``: nothing short of the host's own action (a person, on the host) is known to clear it.
+
+The GPU words (``gpu_reset``, ``host_reboot``) come from gpu_health; they rank above a container
+reboot (which cannot reset a GPU) and below ``host_action``, which stays the most force: what no
+known step clears, and what an unknown word is taken for.
 
 A decision is taken on these values and on the structured fields of a :class:`Finding` (its
 ``kind``, its pids), never on the wording of a message: ``why`` is for people.
@@ -30,6 +38,8 @@ class Escalation(Enum):
     NONE = "none"
     SIGNALS = "signals"
     CONTAINER_REBOOT = "container_reboot"
+    GPU_RESET = "gpu_reset"
+    HOST_REBOOT = "host_reboot"
     HOST_ACTION = "host_action"
 
     @property
@@ -69,6 +79,17 @@ class FindingKind(Enum):
     PIDS_PRESENT = "pids_present"            # pids waited for are still there
     HOST_MEMORY = "host_memory"              # host memory not back yet
     NOT_HOLDING = "not_holding"              # listed on a GPU but holds no device file, so not signalled
+    # gpu_health: the hardware
+    HEALTHY = "healthy"                      # a GPU with nothing found
+    GPU_LOST = "gpu_lost"                    # NVML: the GPU is lost (fell off the bus, stopped answering)
+    RESET_REQUIRED = "reset_required"        # NVML: the GPU requires a reset
+    RECOVERY_ACTION = "recovery_action"      # NVML's recovery action (driver 570+) asks for one
+    ROW_REMAP = "row_remap"                  # a row remap pending (a reset activates it) or failed
+    RETIRED_PAGES = "retired_pages"          # pages retired pending a reset (pre-Ampere)
+    ECC_ERRORS = "ecc_errors"                # uncorrectable ECC errors since the driver loaded (volatile)
+    NVLINK_DOWN = "nvlink_down"              # NVLink links down
+    THROTTLE = "throttle"                    # a hardware slowdown or power brake (a warning)
+    XID = "xid"                              # XID events in the kernel log since the cut-off
 
 
 # The words, for documentation and tests (every module's RETURN lists these).

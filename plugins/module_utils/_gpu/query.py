@@ -37,6 +37,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling impo
 # The highest minor number a GPU's own device file has (/dev/nvidia0 to /dev/nvidia247): see procfs.
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import MAX_GPU_MINOR
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_reads import gpu_health_reads
 
 MIB = 1024 * 1024
 
@@ -251,7 +252,10 @@ def _serve(requests: int, replies: int) -> None:
             if request.get("quit"):
                 break
             try:
-                reply({"devices": _nvml_devices(pynvml, request.get("indices"))})
+                if request.get("read") == "health":
+                    reply({"health": gpu_health_reads(pynvml, request.get("indices"))})
+                else:
+                    reply({"devices": _nvml_devices(pynvml, request.get("indices"))})
             except Exception as exc:  # pylint: disable=broad-except
                 reply(_nvml_error(exc))
     try:
@@ -315,19 +319,28 @@ class NvmlSession:
             raise GpuQueryError(answer["error"], answer.get("detail", ""))
 
     def query(self, indices: list[int] | None = None) -> list[GpuDevice]:
-        if self.pid is None:
-            self.start()
-        try:
-            self._send({"indices": indices})
-        except OSError as exc:
-            self._end_child(grace=0.5, kill=True)
-            raise GpuQueryError(NVML_ERROR, f"the NVML query process is gone: {exc}") from exc
-        answer = self._receive("querying GPU memory")
-        if "error" in answer:
-            raise GpuQueryError(answer["error"], answer.get("detail", ""))
+        answer = self._ask({"indices": indices}, "querying GPU memory")
         if indices is None and not answer["devices"]:
             raise GpuQueryError(NO_DEVICES, "nvmlDeviceGetCount() is 0")
         return [_device_from_dict(d) for d in answer["devices"]]
+
+    def health(self, indices: list[int] | None = None) -> list[dict[str, Any]]:
+        """The health reads of the GPUs (all, or `indices`) as plain data: see health_reads.gpu_health_reads."""
+        return list(self._ask({"read": "health", "indices": indices}, "reading GPU health")["health"])
+
+    def _ask(self, request: dict[str, Any], doing: str) -> dict[str, Any]:
+        """One request to the child (started on first use) and its answer; GpuQueryError for an error answer."""
+        if self.pid is None:
+            self.start()
+        try:
+            self._send(request)
+        except OSError as exc:
+            self._end_child(grace=0.5, kill=True)
+            raise GpuQueryError(NVML_ERROR, f"the NVML query process is gone: {exc}") from exc
+        answer = self._receive(doing)
+        if "error" in answer:
+            raise GpuQueryError(answer["error"], answer.get("detail", ""))
+        return answer
 
     def close(self) -> None:
         if self.pid is None:

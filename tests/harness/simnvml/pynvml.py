@@ -1,4 +1,7 @@
-"""A simulated NVML for tests: the `pynvml` API surface gpu_mem_wait uses, driven by real processes.
+"""A simulated NVML for tests: the `pynvml` API surface the GPU modules use, driven by real processes.
+
+Every name here is the real nvidia-ml-py's, with its arguments and values
+(tests/unit/harness/test_simnvml_api.py holds it to the installed package).
 
 Test-only. Put ``tests/harness/simnvml`` on PYTHONPATH of the Python that imports ``pynvml`` and
 name a state file in ``GPUOPS_SIMNVML_STATE`` (see :mod:`tests.harness.gpu_holder`, which writes
@@ -78,7 +81,31 @@ NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
 NVML_ERROR_UNKNOWN = 999
 
 nvmlMemory_v2 = 0x02000028
-NVML_VALUE_NOT_AVAILABLE_ulonglong_value = 2**64 - 1
+
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_NVLINK_MAX_LINKS = 36
+
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
+NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3
+NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET = 4
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+
+nvmlClocksEventReasonGpuIdle = 0x1
+nvmlClocksEventReasonHwSlowdown = 0x8
+nvmlClocksEventReasonHwThermalSlowdown = 0x40
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
+nvmlClocksThrottleReasonGpuIdle = 0x1
+nvmlClocksThrottleReasonHwSlowdown = 0x8
+nvmlClocksThrottleReasonHwThermalSlowdown = 0x40
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = 0x80
 
 _MIB = 1024 * 1024
 
@@ -182,6 +209,18 @@ class c_nvmlMemory_v2_t(_Struct):
 
 
 class nvmlFriendlyObject(_Struct):
+    pass
+
+
+class nvmlPciInfo_t(_Struct):
+    pass
+
+
+class c_nvmlValue_t(_Struct):
+    pass
+
+
+class c_nvmlFieldValue_t(_Struct):
     pass
 
 
@@ -300,7 +339,20 @@ def _device(state, handle):
     devices = state.get("devices", [])
     if handle.index >= len(devices):
         raise NVMLError(NVML_ERROR_GPU_IS_LOST)
-    return devices[handle.index]
+    device = devices[handle.index]
+    if device.get("lost"):
+        # A GPU that fell off the bus: every call on its handle answers "GPU is lost".
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    return device
+
+
+def _health_call(call, handle):
+    """The device's state for a health read, after the faults of `call` (on this device or all)."""
+    _check_init()
+    state = _load_state()
+    device = _device(state, handle)
+    _apply_faults(state, call, handle.index)
+    return device
 
 
 def _check_init():
@@ -428,3 +480,83 @@ def nvmlDeviceGetComputeRunningProcesses_v3(handle):
 
 nvmlDeviceGetComputeRunningProcesses_v2 = nvmlDeviceGetComputeRunningProcesses_v3
 nvmlDeviceGetComputeRunningProcesses = nvmlDeviceGetComputeRunningProcesses_v3
+
+
+# --- health reads (gpu_health) -----------------------------------------------------------------
+#
+# Device keys: ``pci_bus_id`` (default 00000000:<3B + index>:00.0); ``recovery_action`` (an
+# NVML_GPU_RECOVERY_ACTION_* value, default 0; null: the driver predates it, the field answers
+# NOT_SUPPORTED as drivers before 570 do); ``remapped_rows`` ([corrected, uncorrected, pending,
+# failure]); ``retired_pages_pending`` (bool); ``ecc_uncorrected_volatile``; ``nvlink`` (a list of link
+# states, 1 up / 0 down; default null: no NVLink, every link NOT_SUPPORTED); ``throttle_reasons``
+# (a bit mask); ``lost`` (every call on the device answers GPU_IS_LOST). A fault on any call name
+# makes that read fail (NOT_SUPPORTED, RESET_REQUIRED, ...).
+
+
+def nvmlDeviceGetPciInfo(handle):
+    device = _health_call("nvmlDeviceGetPciInfo", handle)
+    bus = device.get("pci_bus_id", "00000000:%02X:00.0" % (0x3B + handle.index))
+    domain, number, rest = bus.split(":")
+    return nvmlPciInfo_t(busId=bus.encode(), busIdLegacy=bus[4:].encode(), domain=int(domain, 16),
+                         bus=int(number, 16), device=int(rest.split(".")[0], 16), pciDeviceId=0x233010DE,
+                         pciSubSystemId=0x16C110DE)
+
+
+def nvmlDeviceGetFieldValues(handle, fieldIds):
+    device = _health_call("nvmlDeviceGetFieldValues", handle)
+    values = []
+    for field_id in fieldIds:
+        scope = 0
+        if isinstance(field_id, tuple):
+            field_id, scope = field_id
+        result, number = NVML_ERROR_NOT_SUPPORTED, 0
+        if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and device.get("recovery_action", 0) is not None:
+            result, number = NVML_SUCCESS, int(device.get("recovery_action", 0))
+        values.append(c_nvmlFieldValue_t(
+            fieldId=field_id, scopeId=scope, timestamp=int(time.time() * 1e6), latencyUsec=0,
+            valueType=NVML_VALUE_TYPE_UNSIGNED_INT, nvmlReturn=result,
+            value=c_nvmlValue_t(dVal=0.0, uiVal=number, ulVal=number, ullVal=number, sllVal=number, siVal=number,
+                                usVal=number),
+        ))
+    return values
+
+
+def nvmlDeviceGetRemappedRows(device):
+    state = _health_call("nvmlDeviceGetRemappedRows", device)
+    corrected, uncorrected, pending, failure = state.get("remapped_rows", [0, 0, 0, 0])
+    return (int(corrected), int(uncorrected), int(pending), int(failure))
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(device):
+    state = _health_call("nvmlDeviceGetRetiredPagesPendingStatus", device)
+    return NVML_FEATURE_ENABLED if state.get("retired_pages_pending") else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
+    device = _health_call("nvmlDeviceGetTotalEccErrors", handle)
+    if errorType not in (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED) \
+            or counterType not in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED and counterType == NVML_VOLATILE_ECC:
+        return int(device.get("ecc_uncorrected_volatile", 0))
+    return 0
+
+
+def nvmlDeviceGetNvLinkState(device, link):
+    state = _health_call("nvmlDeviceGetNvLinkState", device)
+    links = state.get("nvlink")
+    if not 0 <= link < NVML_NVLINK_MAX_LINKS:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if links is None or link >= len(links):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return NVML_FEATURE_ENABLED if links[link] else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    device = _health_call("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    return int(device.get("throttle_reasons", 0))
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
+    device = _health_call("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    return int(device.get("throttle_reasons", 0))

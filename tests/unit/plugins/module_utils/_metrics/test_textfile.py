@@ -114,7 +114,7 @@ def test_every_metric_of_a_full_summary():
     assert value(samples, "gpuops_relaunch_gpu_released", gpuops_host=HOST, gpuops_job="llm") == 1
     assert value(samples, "gpuops_gpu_memory_used_mib", gpuops_host=HOST, gpuops_job="llm", gpu="0", uuid="GPU-a") == 40960.5
     assert value(samples, "gpuops_gpu_memory_used_mib", gpuops_host=HOST, gpuops_job="llm", gpu="1", uuid="GPU-b") == 0
-    assert len(samples) == 6 + 6 + 6 + 4 + 4 + 2 + 2
+    assert len(samples) == 6 + 6 + 6 + 4 + len(ESCALATION_WORDS) + 2 + 2
 
 
 def test_the_actions_are_the_decisions_and_failed():
