@@ -8,7 +8,7 @@ BIN       := $(CURDIR)/$(VENV)/bin
 BUILD     := .build
 COLL_LINK := $(BUILD)/collections/ansible_collections/gpuops/relaunch
 SANITY    := $(BUILD)/sanity/ansible_collections/gpuops/relaunch
-APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev openjdk-17-jre-headless
+APT_PKGS  := lxc openssh-server debootstrap gcc libc6-dev openjdk-17-jre-headless nftables
 PROM      := $(BUILD)/prometheus
 PROMTOOL  := $(PROM)/usr/bin/promtool
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -20,6 +20,7 @@ setup: apt venv collection
 
 # apt packages the tests use: real LXC containers, a real sshd for the pct_remote path,
 # debootstrap for the systemd container, Java 17 for ansible-rulebook's rule engine (drools_jpy).
+# nftables: the gpu_health test makes the kernel itself write XID lines (a log rule on a loopback packet).
 # The stamp is older than the Makefile when APT_PKGS changed: the check below runs again (it installs
 # only what is missing).
 apt: $(BUILD)/apt.stamp
