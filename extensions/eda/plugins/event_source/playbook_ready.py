@@ -60,7 +60,3 @@ async def main(queue: asyncio.Queue, args: dict[str, Any]) -> None:  # pylint: d
     if found is not None:
         raise RuntimeError(found)
     await asyncio.Event().wait()
-
-
-if __name__ == "__main__":
-    print(problem() or "found")  # noqa: T201
