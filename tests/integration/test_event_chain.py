@@ -63,7 +63,10 @@ def relaunched(chain: Chain, host: str, failed_at: float, before: tuple[int, int
 
 def test_a_killed_job_is_relaunched_by_the_chain_and_again_when_killed_again(chain: Chain) -> None:
     """The second kill, right after the relaunch, is the same failure of the same job with the same labels but
-    another run's: with the shipped route (group_interval 1m, repeat_interval 10m) it is sent at once too."""
+    another run's: with the shipped route (group_interval 1m, repeat_interval 10m) it is sent at once too, as
+    the first notification of a group of its own (in the job's group, Alertmanager held it for group_interval,
+    or counted it as notified until repeat_interval)."""
+    groups = []
     for what in ("kill -9", "kill -9 again, right after its relaunch"):
         old, before, runs = chain.run_record("gpu1"), chain.summary_stamp("gpu1"), len(chain.rulebook.recaps())
         target = chain.job_host_pid("gpu1")
@@ -71,7 +74,9 @@ def test_a_killed_job_is_relaunched_by_the_chain_and_again_when_killed_again(cha
         os.kill(target, signal.SIGKILL)  # the job's main process, inside the namespace, just looked up
         summary = relaunched(chain, "gpu1", failed_at, before, old, runs, what)
         assert summary["health"]["state"] == "crashed" and summary["health"]["exit_signal"] == "SIGKILL"
+        groups.append(chain.events_for("gpu1", failed_at)[0]["payload"]["groupKey"])
         wait_until(lambda: chain.health_in_prometheus("gpu1") == "running", timeout=20, what="gpu1 running again")
+    assert groups[0] != groups[1], groups
 
 
 def test_a_stopped_job_is_stalled_and_relaunched_by_the_chain(chain: Chain) -> None:
