@@ -388,8 +388,9 @@ options:
       - The judgement is O(state=health)'s, from a standard-library copy in the job's state directory next to the
         supervisor's; the file is replaced whole (a temporary file renamed over it, a symlink at its name replaced,
         never followed). It holds the job's health series (C(gpuops_job_health), C(gpuops_job_seconds_since_progress),
-        C(gpuops_job_last_progress_timestamp_seconds), C(gpuops_job_last_step)) and C(gpuops_job_live_timestamp_seconds);
-        the relaunch's file (M(gpuops.relaunch.relaunch_summary)'s O(gpuops.relaunch.relaunch_summary#module:metrics_dir))
+        C(gpuops_job_last_progress_timestamp_seconds), C(gpuops_job_last_step)) and C(gpuops_job_live_timestamp_seconds),
+        each labelled with the run it judges (C(gpuops_run), the run's id, so that the event path's alert of each failed run is
+        its own); the relaunch's file (M(gpuops.relaunch.relaunch_summary)'s O(gpuops.relaunch.relaunch_summary#module:metrics_dir))
         then leaves those out. See R(the metrics guide,ansible_collections.gpuops.relaunch.docsite.guide_metrics).
       - An existing directory (it is not created), walked from C(/) without a symlink another user can change; checked
         before anything is stopped. Stored with the run, so a change takes effect at the next start. Unset, no live file.

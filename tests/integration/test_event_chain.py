@@ -4,8 +4,10 @@ node (the job's live textfile) -> node_exporter (textfile collector) -> Promethe
 GpuopsJobFailed) -> Alertmanager (the shipped route, extensions/eda/alertmanager.yml) -> ansible-rulebook
 (the shipped rulebook, extensions/eda/rulebooks/relaunch_on_alert.yml) -> playbooks/relaunch.yml on the
 alerted job's hosts. Every part is real (Debian's binaries unpacked by `make prometheus-tools`,
-ansible-rulebook from requirements/test.txt, Java 17 from APT_PKGS) and on loopback, with intervals of a
-second; they start once for the whole file (module fixture, tests/harness/event_chain.py), and the
+ansible-rulebook from requirements/test.txt, Java 17 from APT_PKGS) and on loopback. The route is the
+shipped file with only its URL and token file replaced (its timings as shipped: group_interval 1m,
+repeat_interval 10m); Prometheus scrapes and evaluates every second (its intervals are the user's: shortened
+here, so that detection takes a second). They start once for the whole file (module fixture, tests/harness/event_chain.py), and the
 cases run in this order.
 
 The hosts are four inventory names for one PID namespace whose init never reaps (nsenter connection):
@@ -59,14 +61,22 @@ def relaunched(chain: Chain, host: str, failed_at: float, before: tuple[int, int
     return summary
 
 
-def test_a_killed_job_is_relaunched_by_the_chain(chain: Chain) -> None:
-    old, before, runs = chain.run_record("gpu1"), chain.summary_stamp("gpu1"), len(chain.rulebook.recaps())
-    target = chain.job_host_pid("gpu1")
-    failed_at = time.time()
-    os.kill(target, signal.SIGKILL)  # the job's main process, inside the namespace, just looked up
-    summary = relaunched(chain, "gpu1", failed_at, before, old, runs, "kill -9")
-    assert summary["health"]["state"] == "crashed" and summary["health"]["exit_signal"] == "SIGKILL"
-    wait_until(lambda: chain.health_in_prometheus("gpu1") == "running", timeout=20, what="gpu1 running again")
+def test_a_killed_job_is_relaunched_by_the_chain_and_again_when_killed_again(chain: Chain) -> None:
+    """The second kill, right after the relaunch, is the same failure of the same job with the same labels but
+    another run's: with the shipped route (group_interval 1m, repeat_interval 10m) it is sent at once too, as
+    the first notification of a group of its own (in the job's group, Alertmanager held it for group_interval,
+    or counted it as notified until repeat_interval)."""
+    groups = []
+    for what in ("kill -9", "kill -9 again, right after its relaunch"):
+        old, before, runs = chain.run_record("gpu1"), chain.summary_stamp("gpu1"), len(chain.rulebook.recaps())
+        target = chain.job_host_pid("gpu1")
+        failed_at = time.time()
+        os.kill(target, signal.SIGKILL)  # the job's main process, inside the namespace, just looked up
+        summary = relaunched(chain, "gpu1", failed_at, before, old, runs, what)
+        assert summary["health"]["state"] == "crashed" and summary["health"]["exit_signal"] == "SIGKILL"
+        groups.append(chain.events_for("gpu1", failed_at)[0]["payload"]["groupKey"])
+        wait_until(lambda: chain.health_in_prometheus("gpu1") == "running", timeout=20, what="gpu1 running again")
+    assert groups[0] != groups[1], groups
 
 
 def test_a_stopped_job_is_stalled_and_relaunched_by_the_chain(chain: Chain) -> None:
@@ -90,16 +100,25 @@ def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_
     wait_until(lambda: time.time() - received_at(last) > THROTTLE_S + 0.5, timeout=THROTTLE_S + 5,
                what="the throttle window to pass", interval=0.2)
     before = chain.summary_stamp("gpu1")
-    # The same Alertmanager payload twice at once (a burst), two with labels that are no names, then one
-    # that names another job. One run per host at a time, in order: a run for a bad label would come
-    # before the other job's.
-    assert chain.rulebook.post(last["payload"]) == 200
-    assert chain.rulebook.post(last["payload"]) == 200
+    # Labels that are no names (the rule engine's `$` matches before a final line terminator: each of these
+    # passed the old check), and four copies of a payload without startsAt (each ran: the throttle could not
+    # group them). Then the same Alertmanager payload twice at once (a burst), then one that names another
+    # job. One run per host at a time, in order: a run for a bad label would come before the other job's.
     pwned = chain.work / "pwned"
-    for label, value in (("gpuops_job", "{{ lookup('ansible.builtin.pipe', 'touch %s') }}" % pwned), ("gpuops_rank0", "all")):
+    bad_labels = [("gpuops_job", "{{ lookup('ansible.builtin.pipe', 'touch %s') }}" % pwned), ("gpuops_rank0", "all"),
+                  ("gpuops_rank0", "all\n"), ("gpuops_rank0", "gpu1\r\n"), ("gpuops_rank0", "gpu1\u2028"),
+                  ("gpuops_job", "train\n"), ("gpuops_job", "train\u0085")]
+    for label, value in bad_labels:
         bad = json.loads(json.dumps(last["payload"]))
         bad["groupLabels"][label] = bad["commonLabels"][label] = value
         assert chain.rulebook.post(bad) == 200
+    unstarted = json.loads(json.dumps(last["payload"]))
+    for alert in unstarted["alerts"]:
+        del alert["startsAt"]
+    for _copy in range(4):
+        assert chain.rulebook.post(unstarted) == 200
+    assert chain.rulebook.post(last["payload"]) == 200
+    assert chain.rulebook.post(last["payload"]) == 200
     other = json.loads(json.dumps(last["payload"]))
     other["groupLabels"]["gpuops_job"] = other["commonLabels"]["gpuops_job"] = "renamed-away"
     assert chain.rulebook.post(other) == 200
@@ -116,8 +135,9 @@ def test_a_duplicate_alert_relaunches_nothing_and_an_alert_for_another_job_does_
     assert elsewhere["why"] == ("the alert names the job 'renamed-away', but this host's job (job_launch_name) is "
                                 "'train': nothing is done")
     assert chain.run_record("gpu1")["run_id"] == old["run_id"]
-    # All five posts arrived; the bad ones matched no rule: no run, nothing templated.
-    assert len([event for event in chain.rulebook.events() if received_at(event) > received_at(last) + 1]) == 5
+    # All the posts arrived; the bad ones matched no rule: no run, nothing templated.
+    posts = len(bad_labels) + 4 + 3
+    assert len([event for event in chain.rulebook.events() if received_at(event) > received_at(last) + 1]) == posts
     assert len(chain.rulebook.recaps()) == runs + 2 and not pwned.exists()
 
 
@@ -138,7 +158,10 @@ def test_an_alert_on_one_rank_relaunches_every_rank_of_its_job_once(chain: Chain
         assert summary["status"] == "relaunched" and summary["relaunched"] is True, summary
     assert summaries["rank-b"][0]["health"]["exit_signal"] == "SIGKILL"
     events = chain.events_for("rank-a", failed_at)
-    assert events and events[0]["payload"]["groupLabels"] == {"gpuops_rank0": "rank-a", "gpuops_job": "ddp"}
+    # Each rank's failed run is a notification of its own, all under the job's rank 0.
+    assert events and {event["payload"]["groupLabels"]["gpuops_run"] for event in events} <= {
+        old[host]["run_id"] for host in RANKS}
+    assert all(event["payload"]["groupLabels"]["gpuops_rank0"] == "rank-a" for event in events)
     detected = received_at(events[0])
     print(f"\none rank killed: failure -> both ranks running {max(seen for _s, seen in summaries.values()) - failed_at:.1f}s "
           f"(detection {detected - failed_at:.1f}s)")
@@ -150,7 +173,8 @@ def test_an_alert_on_one_rank_relaunches_every_rank_of_its_job_once(chain: Chain
         log = Path(new[host]["log_path"])
         wait_until(lambda path=log, i=index: f"rendezvous: rank {i} of 2" in path.read_text(encoding="utf-8")
                    and "step 3 " in path.read_text(encoding="utf-8"), timeout=20, what=f"{host} training with its peer")
-    # Once, however many ranks alerted: when the chain has settled (both running in Prometheus, no alert
+    # Once, however many ranks alerted (the later notifications wait for the first run, under the rank 0's
+    # lock, and find the job running): when the chain has settled (both running in Prometheus, no alert
     # left in Alertmanager), the one run that changed the ranks is the one that relaunched them.
     for host in RANKS:
         wait_until(lambda h=host: chain.health_in_prometheus(h) == "running", timeout=20, what=f"{host} running again")
@@ -202,3 +226,24 @@ def test_the_rulebook_will_not_listen_without_a_token(tmp_path) -> None:
                            timeout=120, check=False)
     assert ended.returncode != 0, ended.stdout[-2000:]
     assert "gpuops_eda_webhook_token' is undefined" in ended.stdout + ended.stderr
+
+
+def test_the_rulebook_will_not_start_where_its_playbook_runs_would_not_find_the_collection(tmp_path) -> None:
+    """Started in a checkout without ANSIBLE_CONFIG, the rulebook finds itself (the checkout's ansible.cfg) but
+    its playbook runs (ansible-runner, in a private directory) would not find the collection: every relaunch
+    would fail while Alertmanager gets a 200. It stops at once and says what is missing."""
+    home = require_rulebook()
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("gpu1 ansible_connection=local\n", encoding="utf-8")
+    variables = tmp_path / "vars.json"
+    variables.write_text(json.dumps({"gpuops_eda_webhook_port": free_port(), "gpuops_eda_webhook_token": "t"}),
+                         encoding="utf-8")
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_COLLECTIONS_PATHS")}
+    env.update(JAVA_HOME=str(home), PATH=f"{RULEBOOK.parent}:{os.environ.get('PATH', '')}")
+    ended = subprocess.run([str(RULEBOOK), "-r", "gpuops.relaunch.relaunch_on_alert", "-i", str(inventory),
+                            "--vars", str(variables)], cwd=str(REPO), env=env, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert ended.returncode != 0, ended.stdout[-2000:]
+    assert "the collection gpuops.relaunch is not found where the rulebook's playbook runs" in ended.stdout + ended.stderr
+    assert "set ANSIBLE_CONFIG" in ended.stdout + ended.stderr

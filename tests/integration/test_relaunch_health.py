@@ -171,8 +171,9 @@ def test_a_stalled_job_is_relaunched_with_evidence_and_resumed(site: Site) -> No
     # The metrics after the run: the node's live file says the resumed run runs, the relaunch's file
     # counts this relaunch and keeps what the probe saw; the health series are in the live file only.
     labels = {"gpuops_job": "health", "gpuops_host": "ct"}
-    assert sample(textfile(site, "gpuops_job_health.prom"), "gpuops_job_health", **labels, gpuops_rank0="ct",
-                  state="running") == 1
+    live_file = textfile(site, "gpuops_job_health.prom")
+    [run] = {dict(series).get("gpuops_run") for _name, series in live_file}  # one run's file: the resumed run's
+    assert sample(live_file, "gpuops_job_health", **labels, gpuops_rank0="ct", gpuops_run=run, state="running") == 1
     relaunch_file = textfile(site, "gpuops_relaunch_health.prom")
     assert sample(relaunch_file, "gpuops_job_recent_relaunches", **labels) == 1
     assert sample(relaunch_file, "gpuops_relaunch_probe_health", **labels, state="stalled") == 1

@@ -207,8 +207,8 @@ def test_a_run_gone_without_an_exit_record_is_missing_and_relaunched(ns: Target)
     missing = once(ns, "health")
     assert missing["health"]["state"] == "missing" and missing["running"] is False
     # Nothing on the node keeps the live file now: the task that found the run missing wrote it.
-    assert 'gpuops_job_health{gpuops_job="job",gpuops_host="ct",gpuops_rank0="ct",state="missing"} 1' in (
-        textfiles / "gpuops_job_job.prom").read_text(encoding="utf-8")
+    assert (f'gpuops_job_health{{gpuops_job="job",gpuops_host="ct",gpuops_rank0="ct",gpuops_run="{first["run_id"]}",'
+            'state="missing"} 1') in (textfiles / "gpuops_job_job.prom").read_text(encoding="utf-8")
     assert missing["health"]["run_id"] == first["run_id"] and missing["relaunch_guard"]["needed"] is True
     would = once(ns, check=True, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
     assert would["operation"] == "start" and would["resumed"] is True

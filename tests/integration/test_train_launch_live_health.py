@@ -64,9 +64,9 @@ def state_of(samples: dict) -> str | None:
     return states[0] if len(states) == 1 else None
 
 
-def labels(**extra: str) -> dict[str, str]:
-    # The live file's series also name the job's rank 0: the host itself, for a job of one host.
-    return {"gpuops_job": "job", "gpuops_host": HOST, "gpuops_rank0": HOST, **extra}
+def labels(run: str, **extra: str) -> dict[str, str]:
+    # The live file's series also name the job's rank 0 (the host itself, for a job of one host) and the run.
+    return {"gpuops_job": "job", "gpuops_host": HOST, "gpuops_rank0": HOST, "gpuops_run": run, **extra}
 
 
 def file_says(target: Target, wanted: str) -> dict:
@@ -79,18 +79,19 @@ def test_the_node_keeps_the_live_file_through_progress_a_stop_a_kill_and_a_relau
     command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2")
     first = once(ns, command=command, progress_regex=PROGRESS, stall_after=3, metrics_dir=str(textfiles(ns)),
                  metrics_host=HOST)
+    run = first["run_id"]
     assert first["running"] is True and first["live_metrics"] == str(textfiles(ns) / "gpuops_job_job.prom")
     # Written by the start itself: running, at once.
     assert state_of(live(ns)) == "running"
 
     # Progress, as the node sees it while no task runs: the step moves on in the file.
-    seen = wait_until(lambda: sample(live(ns), "gpuops_job_last_step", **labels()), timeout=DEADLINE,
+    seen = wait_until(lambda: sample(live(ns), "gpuops_job_last_step", **labels(run)), timeout=DEADLINE,
                       what="a step in the live file", interval=0.2)
-    wait_until(lambda: (sample(live(ns), "gpuops_job_last_step", **labels()) or 0) > seen, timeout=DEADLINE,
+    wait_until(lambda: (sample(live(ns), "gpuops_job_last_step", **labels(run)) or 0) > seen, timeout=DEADLINE,
                what="a later step in the live file", interval=0.2)
     running = live(ns)
-    assert sample(running, "gpuops_job_seconds_since_progress", **labels()) is not None
-    assert sample(running, "gpuops_job_live_timestamp_seconds", **labels()) is not None
+    assert sample(running, "gpuops_job_seconds_since_progress", **labels(run)) is not None
+    assert sample(running, "gpuops_job_live_timestamp_seconds", **labels(run)) is not None
     if PROMTOOL.is_file():
         checked = check_metrics(textfiles(ns) / "gpuops_job_job.prom")
         assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -100,7 +101,7 @@ def test_the_node_keeps_the_live_file_through_progress_a_stop_a_kill_and_a_relau
     assert leader is not None
     os.kill(leader, signal.SIGSTOP)  # inside the namespace: the job this test started
     stalled = file_says(ns, "stalled")
-    assert sample(stalled, "gpuops_job_seconds_since_progress", **labels()) >= 3
+    assert sample(stalled, "gpuops_job_seconds_since_progress", **labels(run)) >= 3
     # A bare state=health (no progress_regex, no stall_after) judges by the rule stored with the run.
     bare = once(ns, "health")
     assert bare["health"]["state"] == "stalled", bare["health"]
@@ -116,6 +117,8 @@ def test_the_node_keeps_the_live_file_through_progress_a_stop_a_kill_and_a_relau
                  metrics_host=HOST)
     assert again["changed"] is True and again["health"]["state"] == "crashed" and again["pid"] != first["pid"]
     assert state_of(live(ns)) == "running"
+    # Another run, other series: its failure alerts anew (Alertmanager groups by gpuops_run).
+    assert {dict(labels).get("gpuops_run") for _name, labels in live(ns)} == {again["run_id"]} != {run}
 
     # Stopped by train_launch: the file says so.
     once(ns, "stopped")
@@ -126,9 +129,9 @@ def test_the_node_keeps_the_live_file_through_progress_a_stop_a_kill_and_a_relau
 
 def test_a_finished_job_is_finished_in_the_live_file_and_a_start_without_metrics_dir_removes_it(ns: Target) -> None:
     done = ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--finish-at-step", "3")
-    once(ns, command=done, metrics_dir=str(textfiles(ns)), metrics_host=HOST)
+    started = once(ns, command=done, metrics_dir=str(textfiles(ns)), metrics_host=HOST)
     finished = file_says(ns, "finished")
-    assert sample(finished, "gpuops_job_health", **labels(state="crashed")) == 0
+    assert sample(finished, "gpuops_job_health", **labels(started["run_id"], state="crashed")) == 0
     # No run keeps the file any more: left, its series would clash with the relaunch's file.
     later = once(ns, command=ns.demo("--ready-after", "0.1", "--step-interval", "0.2"))
     assert later["live_metrics"] is None and list(textfiles(ns).iterdir()) == []

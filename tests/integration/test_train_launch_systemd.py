@@ -72,7 +72,7 @@ def live_state(ct) -> str | None:
         text = ct.path(METRICS_DIR + "/gpuops_job_job.prom").read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    found = re.findall(r'^gpuops_job_health\{gpuops_job="job",gpuops_host="ct-host",gpuops_rank0="ct-host",state="(\w+)"\} 1$', text, re.M)
+    found = re.findall(r'^gpuops_job_health\{gpuops_job="job",gpuops_host="ct-host",gpuops_rank0="ct-host",gpuops_run="\w+",state="(\w+)"\} 1$', text, re.M)
     return found[0] if len(found) == 1 else None
 
 

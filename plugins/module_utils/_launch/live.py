@@ -4,8 +4,8 @@
 
 With train_launch's ``metrics_dir`` the start stores, in launch.json, where the job's live file goes
 (``METRICS_DIR/gpuops_job_JOB.prom``), the inventory hostnames for its ``gpuops_host`` and ``gpuops_rank0``
-labels, and the
-stall rule (``progress_regex``, ``stall_after``). From then on the node rewrites the file itself:
+labels (``gpuops_run`` is the run's id), and the stall rule (``progress_regex``, ``stall_after``).
+From then on the node rewrites the file itself:
 
 * the supervisor backend: the supervisor, beside its wait (it still reaps the moment a child ends),
   every ``PERIOD`` seconds and at once when the job's main process ends;
@@ -243,7 +243,8 @@ class Monitor:
                 report = assess(self.job_dir, self.settings, run, alive, self.clock, seen=self.seen)
                 textfile = _textfile()
                 text = textfile.render(textfile.live_metrics(self.settings.job, self.settings.host, report.as_dict(),
-                                                             round(self.clock(), 3), rank0=self.settings.rank0))
+                                                             round(self.clock(), 3), rank0=self.settings.rank0,
+                                                             run=self.run_id))
                 textfile.write_textfile(self.settings.directory, self.settings.file_name, text)
         except Exception as exc:  # pylint: disable=broad-except
             problem = "gpuops live health: cannot write %s: %s" % (self.settings.path, exc)

@@ -60,8 +60,13 @@ HOST_LABEL = "gpuops_host"
 # The live file's series also name the job's rank 0 (the host itself for a job of one host): the alerts
 # of all the ranks of one job share it (extensions/eda groups and relaunches by it).
 RANK0_LABEL = "gpuops_rank0"
+# And the run they judge (train_launch's run_id): a failure of the next run is another series, so that
+# Alertmanager (which groups by it, extensions/eda) sends each failure at once as a notification of its
+# own. One run's series last as long as the run: a few series per relaunch.
+RUN_LABEL = "gpuops_run"
 MAX_HOST_NAME = 253
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # More than any file this module writes: an existing file larger than this is compared as changed.
 _MAX_READ = 1 << 20
 
@@ -148,6 +153,14 @@ def check_host(host: Any, option: str = "host") -> str:
     return host
 
 
+def check_run(run: Any) -> str:
+    """A run id for the gpuops_run label (train_launch's are 32 hex digits); BadOption naming `run` for
+    anything but a short name, which the rulebook would not pass on either."""
+    if not isinstance(run, str) or not _RUN_ID.fullmatch(run):
+        raise BadOption("run", "must be a run id (letters, digits, '.', '_', '-'; at most 64)")
+    return run
+
+
 def _health_families(health: Mapping[str, Any], labels: Mapping[str, str], state: Any, seen: str) -> list[Family]:
     """The job's health series: the state `state` (1 for it, 0 for the others; all 0 for one not known)
     and, from `health` (train_launch's health), its progress. `seen` says who saw it, for the help."""
@@ -173,11 +186,14 @@ LIVE_TIMESTAMP_METRIC = "gpuops_job_live_timestamp_seconds"
 LIVE_FILE_PREFIX = "gpuops_job_"
 
 
-def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, rank0: str | None = None) -> list[Family]:
+def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, rank0: str | None = None,
+                 run: str | None = None) -> list[Family]:
     """The job's live file: its health as the node judged it at `now` (train_launch's health, as
-    HealthReport.as_dict() says it), and when. Labelled as every series of the collection, and with the
-    job's rank 0 (`rank0`; unset, `host`)."""
+    HealthReport.as_dict() says it), and when. Labelled as every series of the collection, with the
+    job's rank 0 (`rank0`; unset, `host`) and, where given, the run judged (`run`, its run_id)."""
     labels = {JOB_LABEL: job, HOST_LABEL: check_host(host), RANK0_LABEL: check_host(rank0 or host, "rank0")}
+    if run:
+        labels[RUN_LABEL] = check_run(run)
     families = _health_families(_mapping(health, "health"), labels, health.get("state"), "as the node judged it last")
     judged = Family(LIVE_TIMESTAMP_METRIC, "When the node last judged the job's health (its live file), in seconds since the epoch.")
     judged.add(now, **labels)

@@ -47,7 +47,7 @@ def job_dir(tmp_path: Path, **live_settings) -> tuple[Path, Path, dict]:
 
 def live_state(textfiles: Path) -> str | None:
     text = (textfiles / "gpuops_job_llm.prom").read_text(encoding="utf-8")
-    found = re.findall(r'^gpuops_job_health\{gpuops_job="llm",gpuops_host="node-1",gpuops_rank0="node-1",state="(\w+)"\} 1$',
+    found = re.findall(r'^gpuops_job_health\{gpuops_job="llm",gpuops_host="node-1",gpuops_rank0="node-1",gpuops_run="r1",state="(\w+)"\} 1$',
                        text, re.M)
     return found[0] if len(found) == 1 else None
 
@@ -62,6 +62,8 @@ def test_every_series_names_the_jobs_rank_0_as_the_start_stored_it(tmp_path, sto
     samples = [line for line in (textfiles / "gpuops_job_llm.prom").read_text(encoding="utf-8").splitlines()
                if line and not line.startswith("#")]
     assert samples and all(f'gpuops_rank0="{label}"' in line for line in samples), samples
+    # And the run it judged: the next run's failure is another series, so another alert (extensions/eda).
+    assert all('gpuops_run="r1"' in line for line in samples), samples
 
 
 def test_reading_only_what_was_written_since_finds_what_a_full_scan_finds(tmp_path) -> None:

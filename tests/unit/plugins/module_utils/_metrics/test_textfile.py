@@ -27,6 +27,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile 
     JOB_LABEL,
     LIVE_FILE_PREFIX,
     LIVE_TIMESTAMP_METRIC,
+    RUN_LABEL,
     TIMESTAMP_METRIC,
     Family,
     MetricsWriteError,
@@ -170,14 +171,15 @@ def test_a_failed_relaunch_leaves_the_health_after_it_unknown():
 def test_a_job_with_a_live_file_has_its_health_series_there_and_nowhere_else():
     relaunch = parse(render(job_metrics("llm", summary(live_metrics="/m/gpuops_job_llm.prom"), GPUS, NOW, HOST)))
     health = {"state": "running", "since_progress": 4.5, "last_step": "7", "last_progress_at": "2026-01-01T00:00:00+00:00"}
-    live = parse(render(live_metrics("llm", HOST, health, NOW, rank0="gpu-0")))
+    live = parse(render(live_metrics("llm", HOST, health, NOW, rank0="gpu-0", run="0123abcd")))
     relaunch_series, live_series = set(relaunch), set(live)
     # node_exporter refuses a series that two files write.
     assert not relaunch_series & live_series
     assert {name for name, _labels in live} == set(HEALTH_SERIES) | {LIVE_TIMESTAMP_METRIC}
     assert not set(HEALTH_SERIES) & {name for name, _labels in relaunch}
-    # The live file also names the job's rank 0 (the event path groups the ranks' alerts by it).
-    labels = {"gpuops_host": HOST, "gpuops_job": "llm", "gpuops_rank0": "gpu-0"}
+    # The live file also names the job's rank 0 (the event path groups the ranks' alerts by it) and the
+    # run judged (each failed run is a notification of its own).
+    labels = {"gpuops_host": HOST, "gpuops_job": "llm", "gpuops_rank0": "gpu-0", "gpuops_run": "0123abcd"}
     assert value(live, "gpuops_job_health", **labels, state="running") == 1
     assert value(live, "gpuops_job_seconds_since_progress", **labels) == 4.5
     assert value(live, "gpuops_job_last_step", **labels) == 7
@@ -417,6 +419,17 @@ def test_a_directory_reached_through_a_link_another_user_can_change_is_refused(t
 def test_every_metric_the_alert_rules_read_is_one_that_is_written():
     rules = Path(__file__).resolve().parents[5] / "extensions" / "prometheus" / "rules"
     text = "".join(path.read_text(encoding="utf-8") for path in sorted(rules.glob("*.yml")))
-    read = set(re.findall(r"\bgpuops_[a-z_]+\b", text)) - {JOB_LABEL, HOST_LABEL}
+    read = set(re.findall(r"\bgpuops_[a-z_]+\b", text)) - {JOB_LABEL, HOST_LABEL, RUN_LABEL}
     written = {family.name for family in job_metrics("j", {}, [], NOW, HOST) + live_metrics("j", HOST, {}, NOW)}
     assert read and read <= written, sorted(read - written)
+
+
+@pytest.mark.parametrize("run", ["", "a b", "x" * 65, "{{ 1 }}", "r1\n", 7])
+def test_a_run_label_that_is_no_run_id_is_refused_naming_it(run):
+    if run == "":
+        # No run given: no label (a caller that knows none).
+        assert all(dict(labels).get("gpuops_run") is None
+                   for family in live_metrics("llm", HOST, {}, NOW, run=run) for labels, _value in family.samples)
+        return
+    with pytest.raises(BadOption, match="run"):
+        live_metrics("llm", HOST, {}, NOW, run=run)
