@@ -32,7 +32,7 @@ from tests.harness.gpu_holder import SIMNVML_DIR, sim_gpu  # noqa: E402
 
 def median_seconds(call, trials: int) -> float:
     times = []
-    for _ in range(trials):
+    for _trial in range(trials):
         began = time.perf_counter()
         call()
         times.append(time.perf_counter() - began)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpuops.relaunch contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Regenerate the locks: every distribution each venv of `make test` installs, pinned exactly.

@@ -18,13 +18,13 @@ description:
     (before Ampere), uncorrectable ECC errors since the last reset (volatile), NVLink links down, and
     throttle reasons (a hardware slowdown or power brake is a warning, never a verdict). A GPU that NVML
     reports lost (error 15) or requiring a reset (error 16) is judged so."
-  - Each read that this GPU, driver or binding does not support says so in RV(gpus[].reads) and is not
+  - Each read that this GPU, driver or binding does not support says so in C(reads) of RV(gpus) and is not
     an error.
   - "From the kernel's own log (C(/dev/kmsg), read without blocking, bounded): the driver's
     C(NVRM: Xid (PCI:0000:3b:00): 79, ...) lines at or after O(since), matched to a GPU by its bus id.
     Only records the kernel wrote count: text that user space wrote to C(/dev/kmsg) carries the user
-    facility and is counted in RV(kernel_log.user_lines_ignored) only. Inside an LXC container the
-    kernel log is denied: RV(kernel_log.status) says so, and that is not an error."
+    facility and is counted in C(user_lines_ignored) of RV(kernel_log) only. Inside an LXC container the
+    kernel log is denied: C(status) of RV(kernel_log) says so, and that is not an error."
   - Each XID is classified by one table kept as data with its source (NVIDIA's XID catalog), see
     R(the GPU health guide,ansible_collections.gpuops.relaunch.docsite.guide_gpu_health); lines of one
     XID on one GPU close together in time are one burst, and a rule counts bursts, not lines.
@@ -77,7 +77,7 @@ options:
   kernel_log_timeout:
     description:
       - How long the scan of the kernel log may take, in seconds; past it the scan stops and says it was
-        truncated (RV(kernel_log.truncated)).
+        truncated (C(truncated) of RV(kernel_log)).
       - More than 0 and at most 600.
     type: float
     default: 10

@@ -26,8 +26,9 @@ def publish(host: str, check_mode: bool, results: Mapping[str, Any], failure: st
             rank: Mapping[str, Any] | None, job_name: str, summary_dir: str, metrics_dir: str, fail_host: bool,
             run_module: ModuleRunner) -> dict[str, Any]:
     """The result of a task that summarizes `host`: `summary`, the facts and stats, the files' paths,
-    `host_fails` and `host_failure` (the message it fails with, or None), `msg` (one line; the host fails with the failure message instead when `fail_host` and it
-    failed or was refused). The line is also displayed: the task's result is shown in full only at -v."""
+    `host_fails` and `host_failure` (the message it fails with, or None), `msg` (one line; the host fails with the
+    failure message instead when `fail_host` and it failed or was refused). The line is also displayed: the task's
+    result is shown in full only at -v."""
     if not job_name and failure is not None:
         # A host that failed before its job had a name (job_launch_name unset) has no file to name: its
         # failure is the message.

@@ -19,7 +19,7 @@ def pins(lock: Path) -> dict[str, str]:
     for line in lock.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            name, _, version = line.partition("==")
+            name, version = line.split("==", 1) if "==" in line else (line, "")
             assert version, f"{lock.name}: {line!r} is not an exact pin"
             found[canonicalize_name(name)] = version
     return found
