@@ -125,6 +125,11 @@ description:
     and changes nothing of the job. Outside check mode it notes, as every task does, when it first
     saw the last progress line (C(progress.json) with the job's records), so that a later verdict is
     tighter; C(changed) stays false.
+  - A line the job prints is read by chunks and judged by its first 4 KiB (O(progress_regex) and
+    O(ready_regex) see those); every line kept or returned (RV(log_tail), RV(ready_line),
+    RV(health.last_progress_line), C(progress.json), the incident record) is cut to them before it is
+    escaped, and marked as cut (a note at its end gives its whole length), so the records stay small whatever
+    the job prints.
   - When the last progress line was written is taken as the tightest upper bound that can be proven -
     the log's modification time (exact when nothing but blank space follows the line), the time an
     earlier task outside check mode first saw that very line, or, before the first progress line, the

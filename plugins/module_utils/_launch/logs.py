@@ -19,7 +19,7 @@ import re
 from typing import Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import cap_line, decode_line
 
 TAIL_READ_LIMIT = 64 * 1024
 # The mode of a log directory train_launch creates (as ansible.builtin.file in the job_launch role).
@@ -113,7 +113,7 @@ def split_lines(text: bytes) -> list[bytes]:
 
 
 def tail(log_path: str | None, lines: int) -> list[str]:
-    """The last `lines` lines of the log (at most the last 64 KiB), control characters escaped.
+    """The last `lines` lines of the log (at most the last 64 KiB), each cut (cap_line), then escaped.
 
     Only a regular file reached without following a symlink another user can change: a link planted
     at log_path, or at a directory above it, must not turn the task result into a reader of another
@@ -134,4 +134,4 @@ def tail(log_path: str | None, lines: int) -> list[str]:
         pieces = pieces[1:]  # drop the partial first line
     if pieces and not pieces[-1]:
         pieces.pop()  # the log ends with a line break
-    return [decode_line(piece) for piece in pieces[-lines:]]
+    return [decode_line(cap_line(piece)) for piece in pieces[-lines:]]

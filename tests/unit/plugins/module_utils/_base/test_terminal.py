@@ -32,3 +32,15 @@ def test_undecodable_bytes_are_shown_as_themselves() -> None:
     assert line == "\\xff\\xfe step \u00e9 \\x9b \\x9b\\x1b[0m"
     json.dumps(line).encode("utf-8")  # no lone surrogate is left for a JSON encoder to choke on
     assert all(ord(char) >= 0x20 and not 0x7f <= ord(char) <= 0x9f for char in line)
+
+
+def test_a_job_line_is_cut_to_one_limit_and_marked_before_it_is_escaped() -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT, cap_line
+    assert cap_line(b"step 1") == b"step 1" and cap_line("x" * LINE_LIMIT) == "x" * LINE_LIMIT
+    long = b"\x1b" * (6 * 1024 * 1024)
+    shown = decode_line(cap_line(long))
+    # Cut first, then escaped: at most four characters a byte of the limit, and the note says so.
+    assert shown == "\\x1b" * LINE_LIMIT + " [cut: %d bytes in all]" % len(long)
+    assert cap_line("y" * (LINE_LIMIT + 1)) == "y" * LINE_LIMIT + " [cut: %d characters in all]" % (LINE_LIMIT + 1)
+    # Only the head was read: the caller says how long the whole line was.
+    assert cap_line(b"z" * 10, length=10 ** 9) == b"z" * 10 + b" [cut: 1000000000 bytes in all]"

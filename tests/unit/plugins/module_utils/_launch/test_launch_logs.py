@@ -82,3 +82,12 @@ def test_the_scanner_neither_follows_a_link_nor_blocks_on_a_fifo(tmp_path) -> No
     os.mkfifo(tmp_path / "fifo.log")
     fifo = LogScanner(str(tmp_path / "fifo.log"), re.compile("ready"))
     assert fifo.scan() is None and not fifo.exists()
+
+
+def test_each_line_of_the_tail_is_cut_before_it_is_escaped(tmp_path) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT
+    log = tmp_path / "train.log"
+    log.write_bytes(b"first\n" + b"\x1b" * 60_000 + b"\nlast\n")
+    shown = tail(str(log), 3)
+    assert shown[0] == "first" and shown[2] == "last"
+    assert shown[1] == "\\x1b" * LINE_LIMIT + " [cut: 60000 bytes in all]"
