@@ -231,7 +231,11 @@ options:
         O(state_dir) that runs (its records sound and its main process proven alive) or that another task
         works on now (its lock held), or shares that log's rotation (C(LOG.N), C(LOG.failed) in the same
         directory). Logs are compared as files (device and inode), not as spellings. A record of a run
-        that ended blocks nothing. Jobs kept under another O(state_dir) are not seen.
+        that ended blocks nothing. Jobs kept under another O(state_dir) are not seen. A start checks and
+        claims its log in one step (a lock on O(state_dir)), so of two starts on one log at the same
+        instant one is refused.
+      - A new spelling of the log of a job that runs (C(/a//b), C(/a/./b), another name of the same file)
+        is no change of its spec - the job is not restarted.
       - A log among a job's records (in O(state_dir)C(/NAME)) is refused.
       - Required with O(state=started), O(state=restarted) and O(state=probe).
     type: path

@@ -107,6 +107,33 @@ def create_log(log_path: str, mode: int, uid: int = -1, gid: int = -1) -> None:
         os.close(fd)
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of what is at `path`, its directory walked (no link another user can change followed),
+    the name itself not followed; None where nothing is or it cannot be reached."""
+    try:
+        directory, name = safepath.split(path)
+        with safepath.walk(directory) as parent:
+            info = safepath.lstat_at(parent.fd, name)
+    except OSError:
+        return None
+    return None if info is None else (info.st_dev, info.st_ino)
+
+
+def same_log(recorded: object, given: str | None) -> bool:
+    """Whether a recorded log path and this task's are one log, as the kernel resolves them, not as spelt:
+    the same path once normalised as every walk here reads it (``/a//b``, ``/a/./b``), or, where the file
+    exists, the same file (device, inode: a root's symlinked directory, a bind mount)."""
+    if not isinstance(recorded, str) or given is None:
+        return recorded == given
+    try:
+        if safepath.split(recorded) == safepath.split(given):
+            return True
+    except OSError:
+        return False
+    ours = _file_identity(given)
+    return ours is not None and ours == _file_identity(recorded)
+
+
 def split_lines(text: bytes) -> list[bytes]:
     """The lines of `text`, each ended by \\n, \\r\\n or \\r (the last one perhaps unfinished)."""
     return _LINE_BREAK.split(text)

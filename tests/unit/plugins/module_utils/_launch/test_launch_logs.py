@@ -91,3 +91,20 @@ def test_each_line_of_the_tail_is_cut_before_it_is_escaped(tmp_path) -> None:
     shown = tail(str(log), 3)
     assert shown[0] == "first" and shown[2] == "last"
     assert shown[1] == "\\x1b" * LINE_LIMIT + " [cut: 60000 bytes in all]"
+
+
+def test_a_log_path_is_compared_as_the_kernel_resolves_it_not_as_spelt(tmp_path) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import same_log
+    log = tmp_path / "logs" / "train.log"
+    log.parent.mkdir()
+    recorded = str(log)
+    # Respelt, before the log exists and after.
+    for spelling in (f"{tmp_path}//logs/train.log", f"{tmp_path}/./logs/./train.log", f"{tmp_path}/logs/train.log"):
+        assert same_log(recorded, spelling) is True
+    log.write_text("step 1\n")
+    assert same_log(recorded, f"{tmp_path}//logs//train.log") is True
+    # Another name for the same file (a hard link: the kernel's one file) is one log; another file is not.
+    os.link(log, tmp_path / "logs" / "other.log")
+    assert same_log(recorded, str(tmp_path / "logs" / "other.log")) is True
+    assert same_log(recorded, str(tmp_path / "logs" / "train.log.1")) is False
+    assert same_log(None, str(log)) is False and same_log(None, None) is True and same_log(recorded, "relative") is False
