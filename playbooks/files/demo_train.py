@@ -54,6 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pid-file", help="write each worker's pid here, one per line")
     parser.add_argument("--rendezvous", action="store_true", help="meet the other ranks first, exchange a byte each step")
     parser.add_argument("--rendezvous-timeout", type=float, default=60.0, help="give up (exit 2) after this many seconds")
+    parser.add_argument("--step-padding", type=int, default=0,
+                        help="end each step line with this many bytes (a job that prints lines of megabytes)")
     parser.add_argument("--tag", help="ignored: lets a test find its own processes by command line")
     return parser.parse_args(argv)
 
@@ -185,7 +187,7 @@ def main(argv: list[str]) -> int:
                     say(f"rank {ranks.rank}: a peer is gone after step {step}")
                     return 1
             step += 1
-            say(f"step {step} loss={2.5 / step:.4f}")
+            say(f"step {step} loss={2.5 / step:.4f}" + (" " + "#" * args.step_padding if args.step_padding else ""))
             next_step = now + args.step_interval
             if step == args.finish_at_step:
                 say(f"finished after step {step}")

@@ -14,7 +14,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.checked_action import CheckedAction
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.host_report import publish
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    RelaunchInputError, awx_job, check_fleet_wide, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
+    RelaunchInputError, awx_job, check_fleet_wide, check_rank_names, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
     decide, rank_of,
 )
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import StepRunner, relaunch_steps
@@ -119,6 +119,7 @@ class ActionModule(CheckedAction):
         ranks = args["ranks"]
         if ranks in (None, ""):
             return None
+        check_rank_names(host, ranks)  # before any name is looked up: [[node1], node2] is no list of names
         check_ranks_in_inventory(host, ranks, _var(hostvars, host, "job_launch_ranks"))
         # A rank that is not in the inventory at all (a sliced AWX job's other slice) has no hostvars to read.
         check_ranks_in_slice(host, ranks, hostvars, awx_job(task_vars))

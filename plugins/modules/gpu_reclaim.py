@@ -233,7 +233,9 @@ backend:
   type: str
   sample: pynvml
 targets:
-  description: The holders the look selected to end (in check mode, what would be ended), with C(gpus) and C(used_mib).
+  description:
+    - The holders the look selected to end (in check mode, what would be ended), with C(gpus) and C(used_mib).
+    - Each C(cmdline) here and below is escaped and cut to its first 4 KiB, marked as cut.
   returned: success
   type: list
   elements: dict

@@ -125,6 +125,11 @@ description:
     and changes nothing of the job. Outside check mode it notes, as every task does, when it first
     saw the last progress line (C(progress.json) with the job's records), so that a later verdict is
     tighter; C(changed) stays false.
+  - A line the job prints is read by chunks and judged by its first 4 KiB (O(progress_regex) and
+    O(ready_regex) see those); every line kept or returned (RV(log_tail), RV(ready_line),
+    RV(health.last_progress_line), C(progress.json), the incident record) is cut to them before it is
+    escaped, and marked as cut (a note at its end gives its whole length), so the records stay small whatever
+    the job prints.
   - When the last progress line was written is taken as the tightest upper bound that can be proven -
     the log's modification time (exact when nothing but blank space follows the line), the time an
     earlier task outside check mode first saw that very line, or, before the first progress line, the
@@ -226,7 +231,11 @@ options:
         O(state_dir) that runs (its records sound and its main process proven alive) or that another task
         works on now (its lock held), or shares that log's rotation (C(LOG.N), C(LOG.failed) in the same
         directory). Logs are compared as files (device and inode), not as spellings. A record of a run
-        that ended blocks nothing. Jobs kept under another O(state_dir) are not seen.
+        that ended blocks nothing. Jobs kept under another O(state_dir) are not seen. A start checks and
+        claims its log in one step (a lock on O(state_dir)), so of two starts on one log at the same
+        instant one is refused.
+      - A new spelling of the log of a job that runs (C(/a//b), C(/a/./b), another name of the same file)
+        is no change of its spec - the job is not restarted.
       - A log among a job's records (in O(state_dir)C(/NAME)) is refused.
       - Required with O(state=started), O(state=restarted) and O(state=probe).
     type: path

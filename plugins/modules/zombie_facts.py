@@ -156,7 +156,9 @@ ansible_facts:
           elements: dict
           sample: [{pid: 4150, tid: 4152, comm: python3, wchan: uvm_va_space_destroy}]
         job_processes:
-          description: The job's processes (after leaving out protected ones).
+          description:
+            - The job's processes (after leaving out protected ones).
+            - C(cmdline) is escaped and cut to its first 4 KiB, marked as cut (a note at its end gives its whole length).
           type: list
           elements: dict
           sample:

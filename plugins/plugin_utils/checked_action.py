@@ -10,7 +10,8 @@ from typing import Any, Callable, Mapping
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import environment_problems, options_from_variables
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_spec import shape_problems
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, role_var
 
 # Runs a module on the target: (module name, its arguments) -> its result.
 ModuleRunner = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -49,10 +50,14 @@ class CheckedAction(ActionBase):
         to the task's own for this module run only (gpu_drain_environment: a name that is not a variable's
         fails the step before anything runs). A refused option is named by the role variable the user set
         (job_launch_command: ...), not only by the module's option."""
-        problems = environment_problems(environment)
+        from_variables = options_from_variables(module, self._templar.template, task_vars)
+        # What Ansible's own argument checks would convert instead of refusing (["x"] for a string), named by
+        # the role variable, before the module runs.
+        problems = environment_problems(environment) + shape_problems(
+            {role_var(module, option) or option: value for option, value in from_variables.items() if option not in explicit})
         if problems:
             return {"failed": True, "changed": False, "msg": "; ".join(problems)}
-        module_options = {**options_from_variables(module, self._templar.template, task_vars), **explicit}
+        module_options = {**from_variables, **explicit}
         inherited = self._task.environment
         if environment:
             parents = inherited if isinstance(inherited, list) else [inherited] if inherited else []

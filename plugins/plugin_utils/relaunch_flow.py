@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Container, Iterable, Mapping, Sequence
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import cap_line, escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Action, Escalation, Health, worst
 
 NONE, RELAUNCH, REFUSED = Action.NONE.value, Action.RELAUNCH.value, Action.REFUSED.value
@@ -67,9 +67,25 @@ def rank_of(host: str, ranks: Any, rank0_vars: Mapping[str, Any]) -> Rank:
     RelaunchInputError when rank 0's job_launch_master_port is no port."""
     names = tuple(str(name) for name in ranks)
     first = names[0] if names else host
-    addr = rank0_vars.get("job_launch_master_addr") or rank0_vars.get("ansible_host") or first
+    addr = master_addr(rank0_vars, host, first)
     port = master_port(rank0_vars.get("job_launch_master_port"), host, first)
-    return Rank(names.index(host) if host in names else -1, names, str(addr), port)
+    return Rank(names.index(host) if host in names else -1, names, addr, port)
+
+
+def master_addr(rank0_vars: Mapping[str, Any], host: str, first: str) -> str:
+    """Rank 0's job_launch_master_addr, else its ansible_host, else its inventory hostname (`first`), for MASTER_ADDR;
+    RelaunchInputError naming the variable when the one set is no host name or address (a list would reach the job
+    as MASTER_ADDR="['x']", a space or a control character is in no address)."""
+    for variable in ("job_launch_master_addr", "ansible_host"):
+        value = rank0_vars.get(variable)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str) or not value.isprintable() or any(char.isspace() for char in value):
+            raise RelaunchInputError(
+                f"{host}: {variable} (of rank 0, {first}) must be a host name or address for MASTER_ADDR, not "
+                f"{escape_controls(cap_line(repr(value)))}. No rank of this job is relaunched.")
+        return value
+    return first
 
 
 def master_port(value: Any, host: str, first: str) -> int:
@@ -88,6 +104,16 @@ def master_port(value: Any, host: str, first: str) -> int:
             f"{host}: job_launch_master_port (of rank 0, {first}) must be a port number from 1 to 65535, not "
             f"{escape_controls(repr(value))}. No rank of this job is relaunched.")
     return port
+
+
+def check_rank_names(host: str, ranks: Any) -> None:
+    """RelaunchInputError unless `ranks` is a list of inventory hostnames (strings): a list in it ([[node1], node2])
+    or a null ([null, node1]) is no host, and must be refused naming the variable, not fail as a traceback."""
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence) or any(
+            name is None or name == "" or isinstance(name, (Mapping, Sequence, set)) and not isinstance(name, str)
+            for name in ranks):
+        raise RelaunchInputError(f"{host}: job_launch_ranks must be a list of inventory hostnames, not "
+                                 f"{escape_controls(cap_line(repr(ranks)))}. No rank of this job is relaunched.")
 
 
 def check_ranks_in_inventory(host: str, ranks: Any, own: Any) -> None:
@@ -110,8 +136,7 @@ def check_ranks(host: str, ranks: Any, layouts: Mapping[str, Any], play_hosts: S
                 batch: Sequence[str]) -> None:
     """RelaunchInputError unless `ranks` lists this host once among the job's ranks, every rank is in
     this run and in this batch, and every rank lists the same ranks (`layouts`: each rank's list)."""
-    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
-        raise RelaunchInputError(f"{host}: job_launch_ranks must be a list of inventory hostnames, not {ranks!r}")
+    check_rank_names(host, ranks)
     names = [str(name) for name in ranks]
     problems = []
     if host not in names:
@@ -691,10 +716,35 @@ class FleetError(ValueError):
     """Fleets that cannot be merged into one truthful view (the message says which and why)."""
 
 
+# How deep a fleet summary may nest: its own shape is a few levels (hosts, a host's row, its health, a log tail).
+MAX_FLEET_DEPTH = 32
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists or mappings more than `limit` levels deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _check_fleet(name: str, fleet: Any) -> Mapping[str, Any]:
     """`fleet` when it is a fleet summary (fleet_summary's shape, its counts those of its hosts), else FleetError."""
     why = None
-    if not isinstance(fleet, Mapping):
+    if _deeper_than(fleet, MAX_FLEET_DEPTH):
+        # Before anything walks it: a part nested a few thousand levels deep ends every recursive walk
+        # (repr, a JSON encoder, Ansible's result) in "maximum recursion depth exceeded", naming nothing.
+        why = f"it is nested more than {MAX_FLEET_DEPTH} levels deep"
+    elif not isinstance(fleet, Mapping):
         why = f"it is a JSON {type(fleet).__name__}, not an object"
     elif not all(isinstance(fleet.get(key), Mapping) for key in ("hosts", "jobs", "counts")):
         why = "it lacks hosts, jobs or counts"

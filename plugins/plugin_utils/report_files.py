@@ -156,3 +156,5 @@ def read_report(directory: str, name: str) -> Any:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ReportError(f"{path} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ReportError(f"{path} is not a report: it is nested too deeply to read") from None

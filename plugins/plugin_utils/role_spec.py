@@ -25,7 +25,7 @@ import yaml
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import cap_line, escape_controls
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import DRAIN_ENVIRONMENT, environment_problems, variable_lookup
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "roles" / "relaunch" / "meta" / "argument_specs.yml"
@@ -57,6 +57,8 @@ def role_variable_errors(task_vars: Mapping[str, Any], template: Callable[[Any],
             continue
         except AnsibleError as exc:
             errors.append(f"{name} does not template: {exc.message}")
+    # Ansible's check converts what it should refuse (["x"] for a string becomes "['x']"): refused first.
+    errors += shape_problems(provided, options)
     checked = ArgumentSpecValidator(dict(options)).validate(provided)
     # Every module refuses a number that is not finite (a NaN timeout never ends), but only when its step
     # runs: a drain's NaN after the job was stopped. Refused here, nothing has changed yet.
@@ -65,3 +67,44 @@ def role_variable_errors(task_vars: Mapping[str, Any], template: Callable[[Any],
     # The drain's environment goes onto a command line: a name that is no variable's would run as shell text.
     environment = environment_problems(checked.validated_parameters.get(DRAIN_ENVIRONMENT))
     return [escape_controls(message) for message in errors + checked.error_messages + not_finite] + environment
+
+
+# The option types whose value is one piece of text (a path is text too), and the kinds of value that are none.
+_TEXT_TYPES = ("str", "path")
+_NOT_TEXT = (Mapping, list, tuple, set, frozenset)
+
+
+def _not_text(value: Any) -> str | None:
+    """What `value` is when it cannot be one piece of text (a list, a mapping, null), else None."""
+    if value is None:
+        return "null"
+    if isinstance(value, _NOT_TEXT):
+        return "a mapping" if isinstance(value, Mapping) else "a list"
+    return None
+
+
+def shape_problems(provided: Mapping[str, Any], options: Mapping[str, Any] = OPTIONS) -> list[str]:
+    """What Ansible's argument check lets through by converting it, each naming the variable: a list or a mapping
+    where the spec says text (job_launch_master_addr: ["x"] would launch with MASTER_ADDR="['x']"), and in a list
+    of text an item that is null, a list or a mapping (job_launch_ranks: [[node1], node2] became "['node1']", and a
+    null item ""). A null for the whole variable is fine: it means the module's default (see role_vars)."""
+    problems = []
+    for name, value in provided.items():
+        spec = options.get(name) or {}
+        kind = spec.get("type", "str")
+        if value is None:
+            continue
+        if kind in _TEXT_TYPES and isinstance(value, _NOT_TEXT):
+            problems.append(f"{name} must be a string, not {_not_text(value)}: {_shown(value)}")
+        elif kind == "list" and spec.get("elements") in _TEXT_TYPES and isinstance(value, (list, tuple)):
+            bad = [(index, item) for index, item in enumerate(value) if _not_text(item) is not None]
+            if bad:
+                index, item = bad[0]
+                problems.append(f"{name} must be a list of strings, and its item {index} is {_not_text(item)}: "
+                                f"{_shown(value)}")
+    return problems
+
+
+def _shown(value: Any) -> str:
+    """`value` as a message shows it: its repr, cut and escaped."""
+    return escape_controls(cap_line(repr(value)))

@@ -220,8 +220,12 @@ def test_a_bad_master_port_and_ranks_set_in_the_play_are_refused_naming_the_vari
 
 def test_a_misspelt_variable_is_refused_naming_the_close_one(site: Site) -> None:
     """A typo in a host variable (job-a) and in a play variable (both hosts) would otherwise be ignored
-    with rc 0: each host is refused before anything runs on it, the message naming the variable meant."""
+    with rc 0: each host is refused before anything runs on it, the message naming the variable meant. So are
+    values Ansible's own check would convert (a list for a string, a list or a null in a list of names), which
+    raised "unhashable type" or launched with MASTER_ADDR="['x']"."""
     site.vars["job-a"]["job_launch_ready_regx"] = "^step 2 "
+    site.vars["job-a"]["job_launch_master_addr"] = ["x"]
+    site.vars["job-b"]["job_launch_ranks"] = [["job-b"], None]
     play = [{"name": "Ours", "hosts": "all", "gather_facts": False,
              "vars": {"process_cleanup_term_timout": 3}, "tasks": [
                  {"name": "Relaunch", "ansible.builtin.include_role": {"name": "gpuops.relaunch.relaunch"}}]}]
@@ -233,6 +237,9 @@ def test_a_misspelt_variable_is_refused_naming_the_close_one(site: Site) -> None
         assert "process_cleanup_term_timout is not a variable of gpuops.relaunch" in refused["msg"], refused["msg"]
         assert "did you mean process_cleanup_term_timeout?" in refused["msg"], refused["msg"]
         assert ("did you mean job_launch_ready_regex?" in refused["msg"]) is (host == "job-a"), refused["msg"]
+        shape = ("job_launch_master_addr must be a string, not a list: ['x']" if host == "job-a" else
+                 "job_launch_ranks must be a list of strings, and its item 0 is a list: [['job-b'], None]")
+        assert shape in refused["msg"] and "Traceback" not in refused["msg"], refused["msg"]
         assert not Path(site.state_dirs[host]).exists()
 
 

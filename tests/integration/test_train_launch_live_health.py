@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT
 from tests.harness.launch_targets import Target, in_pid_namespace
 from tests.harness.procstates import wait_until
 from tests.harness.prometheus import PROMTOOL, check_metrics, parse_exposition, sample
@@ -148,3 +149,25 @@ def test_a_metrics_dir_that_cannot_work_is_refused_before_anything_changes(ns: T
     refused = ns.play([task]).result("t")
     assert refused["failed"] is True and [p["option"] for p in refused["option_problems"]] == ["metrics_host"]
     assert not (Path(ns.state_dir) / "job" / "run.json").exists()
+
+
+def test_a_progress_line_of_megabytes_keeps_the_records_small_and_the_stall_found(ns: Target) -> None:
+    """Each step line is 6 MiB; after step 3 the job chatters (the log's mtime moves), so only the node's
+    progress record can tell the stall: it must stay small enough to be read back."""
+    padding = 6 * 1024 * 1024
+    command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2", "--stall-at-step", "3",
+                      "--stall-chatter", "0.1", "--step-padding", str(padding))
+    first = once(ns, command=command, progress_regex=PROGRESS, stall_after=1, metrics_dir=str(textfiles(ns)),
+                 metrics_host=HOST)
+    assert first["running"] is True and first["ready_line"].endswith(" bytes in all]")
+    assert len(first["ready_line"]) < 2 * LINE_LIMIT
+    # The supervisor notes the step in progress.json and reads it back: the stall is found.
+    stalled = file_says(ns, "stalled")
+    assert sample(stalled, "gpuops_job_last_step", **labels()) == 3
+    record = Path(ns.state_dir) / "job" / "progress.json"
+    assert record.stat().st_size < 4 * LINE_LIMIT
+    health = once(ns, "health")["health"]
+    assert health["state"] == "stalled" and health["progress_basis"] == "progress_record"
+    assert health["last_step"] == "3" and health["last_progress_line"].startswith("step 3 loss=")
+    assert health["last_progress_line"].endswith(f" [cut: {len('step 3 loss=0.8333 ') + padding} bytes in all]")
+    assert all(len(line) < 2 * LINE_LIMIT for line in health["log_tail"])

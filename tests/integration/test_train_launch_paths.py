@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.launch_targets import DEMO, PYTHON, Target, in_pid_namespace, readable_by_all
+from tests.harness.launch_targets import DEMO, PYTHON, Target, in_pid_namespace, playbook_popen, readable_by_all
 from tests.harness.pidns import nsenter_vars
 from tests.harness.playbook import REPO, PlaybookRun, run_playbook
 from tests.harness.procstates import wait_until
@@ -332,6 +332,9 @@ def test_a_second_job_on_the_first_jobs_log_is_refused_before_anything_changes(t
                  "linked directory": f"{target.work}/linked/train.log", "its rotation": target.log() + ".1"}
     tasks = [dict(target.launch_task(name="second", task_name=case, log_path=path), ignore_errors=True)
              for case, path in spellings.items()]
+    # The first job's own log, spelt anew: the same log, so the healthy job is not restarted.
+    tasks += [target.launch_task(name="first", task_name=f"first {case}", log_path=spellings[case])
+              for case in ("slashes", "dot")]
     tasks.append(dict(target.launch_task(name="second", task_name="probe", state="probe", log_path="/" + target.log()),
                       ignore_errors=True))
     run = target.play(tasks)
@@ -340,6 +343,9 @@ def test_a_second_job_on_the_first_jobs_log_is_refused_before_anything_changes(t
         assert refused["failed"] is True and refused["changed"] is False, (case, refused)
         assert [problem["option"] for problem in refused["option_problems"]] == ["log_path"], case
         assert "job 'first'" in refused["msg"] and f"pid {first['pid']}" in refused["msg"], refused["msg"]
+    for case in ("slashes", "dot"):
+        same = run.result(f"first {case}")
+        assert same["changed"] is False and same["operation"] == "none" and same["pid"] == first["pid"], same
     # Nothing changed: the first job runs, writes the same log, which was not rotated.
     assert not Path(target.log() + ".1").exists() and not (Path(target.state_dir) / "second" / "run.json").exists()
     health = target.play([target.launch_task(name="first", task_name="health", state="health")]).result("health")
@@ -405,3 +411,49 @@ def test_a_crashed_jobs_escapes_stay_escaped_in_the_incident_and_relaunch_messag
     assert "crash \\x1b]52;c;cGF3bmVk\\x07" in record["log_tail"]
     assert_escaped(record)
     assert_escaped(relaunched)
+
+
+def test_two_starts_on_one_log_at_the_same_instant_cannot_both_pass(target: Target, tmp_path: Path) -> None:
+    """The first job moves to a new log while its old run, which ignores SIGTERM, takes term_timeout to stop;
+    the second job's first start on that log comes meanwhile. Checked and claimed in one step, one start wins and
+    the other is refused naming log_path; never both on one log (the later start would rotate the other's live log)."""
+    shared = str(target.work / "shared.log")
+    command = target.demo("--ready-after", "0.1", "--ignore-term")
+    old = target.play([target.launch_task(name="first", command=command)]).result("launch")
+    assert old["running"] is True
+    move = dict(target.launch_task(name="first", task_name="move", command=command, log_path=shared), ignore_errors=True)
+    mover = playbook_popen(target, [move], tmp_path / "move.out")
+    try:
+        lock = Path(target.state_dir) / "first" / ".lock"
+        wait_until(lambda: _held(lock), timeout=60, what="the first job's task to hold its lock", interval=0.05)
+        second = target.play([dict(target.launch_task(name="second", task_name="second", log_path=shared),
+                                   ignore_errors=True)]).result("second")
+        mover.wait(timeout=120)
+    finally:
+        if mover.poll() is None:
+            os.killpg(mover.pid, 9)  # the test's own ansible-playbook session
+            mover.wait()
+    checks = target.play([target.launch_task(name=name, task_name=name, state="health") for name in ("first", "second")])
+    on_shared = [name for name in ("first", "second") if checks.result(name)["health"]["state"] == "running"
+                 and (target.read_state(name, "run.json") or {}).get("log_path") == shared]
+    assert len(on_shared) == 1, ((tmp_path / "move.out").read_text()[-3000:], second)
+    if on_shared == ["first"]:
+        assert second["failed"] is True and [p["option"] for p in second["option_problems"]] == ["log_path"], second
+        assert "job 'first'" in second["msg"], second["msg"]
+    assert not Path(shared + ".1").exists()  # nobody's live log was rotated away
+
+
+def _held(lock: Path) -> bool:
+    """Whether another process holds the flock on `lock` now."""
+    import fcntl  # pylint: disable=import-outside-toplevel
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -22,6 +22,7 @@ before 2.19 even without a newline after it): so the ``#`` of ``#jinja2:`` is wr
 from __future__ import annotations
 
 import re
+from typing import AnyStr
 
 # C0 but tab, DEL, C1 (U+0080-U+009F), and surrogates: a byte that is not UTF-8, decoded with
 # surrogateescape, is the lone surrogate U+DC80-U+DCFF, which no JSON encoder should see either.
@@ -50,3 +51,21 @@ def escape_controls(text: str) -> str:
 def decode_line(raw: bytes) -> str:
     """A log line as text that is safe to show: UTF-8 where it is, each other byte as ``\\xNN``."""
     return escape_controls(raw.decode("utf-8", "surrogateescape"))
+
+
+# The most of one line a job wrote (a log line, a progress or ready line, a command line) that is kept
+# in a record or returned: a job can print a line of megabytes, and the escaping above can make each
+# byte four. So a line is cut to this, and marked as cut, before it is escaped.
+LINE_LIMIT = 4096
+
+
+def cap_line(line: AnyStr, length: int | None = None) -> AnyStr:
+    """`line` as kept and shown: its first LINE_LIMIT bytes (characters, for text) and, where that is not
+    all of it, a note saying so (`` [cut: 6291463 bytes in all]``). `length`: the whole line's length where
+    the caller read only its head (a line is read by bounded chunks, never whole into memory)."""
+    whole = len(line) if length is None else max(length, len(line))
+    if whole <= LINE_LIMIT:
+        return line
+    if isinstance(line, str):
+        return line[:LINE_LIMIT] + " [cut: %d characters in all]" % whole
+    return line[:LINE_LIMIT] + b" [cut: %d bytes in all]" % whole

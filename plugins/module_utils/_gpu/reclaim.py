@@ -83,6 +83,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate 
     Proof,
     SignalGate,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import cap_line
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     MIB,
@@ -301,7 +302,7 @@ class Holder:
             "pid": self.pid,
             "starttime": process.starttime if process else None,
             "comm": process.comm if process else "",
-            "cmdline": process.cmdline if process else "",
+            "cmdline": cap_line(process.cmdline) if process else "",  # cut as a log line is (megabytes)
             "gpus": sorted(self.gpus),
             "used_mib": self.used_mib,
             **extra,

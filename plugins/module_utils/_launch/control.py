@@ -37,7 +37,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health imp
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import LAUNCH_FILE
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import JobJudge, Judgement
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import EXIT_SETTLE_WAIT, live_path, refresh_once, remove_live_file
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import rotation_plan, tail
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import rotation_plan, same_log, tail
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import (
     Operation,
     Plan,
@@ -394,7 +394,7 @@ class LaunchController:
         return plan_start(
             always_restart=self.state == LaunchState.RESTARTED.value,
             status=judgement.status, active=judgement.active, health=judgement.health,
-            same_spec=runs_with_this_spec(judgement.status, spec.spec_hash, backend, options.log_path),
+            same_spec=runs_with_this_spec(judgement.status, spec.spec_hash, backend, options.log_path, same_log),
             guard=judgement.guard, guard_report=judgement.guard_report,
             resume=would_resume(options.resume_args, options.resume, judgement.health),
             backend=backend, spec_hash=spec.spec_hash, rotated_log=rotated_log, removed_paths=removed_paths)
@@ -429,6 +429,7 @@ class LaunchController:
             result["diff"] = self._spec_diff(judgement, plan)
         if rendered:
             return self._render(result, plan, judgement)
+        self._claim_log(result)
         result["changed"] = True
         executor = self._task_executor(judgement)
         self._execute(result, executor, executor.start, plan, judgement)
@@ -489,6 +490,16 @@ class LaunchController:
             result["option_problems"] = invalid.as_result()["option_problems"]
             raise LaunchError(str(invalid), result)
         self.preflight_passed = True
+
+    def _claim_log(self, result: dict[str, Any]) -> None:
+        """The log checked once more and claimed in one step (sharing.claim_log), under the job's lock and before
+        anything is stopped or rotated: of two starts on one log at the same instant, one is refused."""
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.sharing import claim_log  # pylint: disable=import-outside-toplevel
+        try:
+            claim_log(self.options, self.proc_root)
+        except OptionsInvalid as exc:
+            result["option_problems"] = exc.as_result()["option_problems"]
+            raise LaunchError(str(exc), result) from None
 
     def _create_log(self, user: str | None, group: str | None) -> None:
         """The executor's creation of the log (see Executor.create_log), failing as a LaunchError."""

@@ -44,11 +44,11 @@ from typing import Any, Pattern
 if not __package__:
     # The private copy next to the supervisor's (see install_supervisor): its neighbours are copies too.
     from jobfiles import open_regular  # pylint: disable=import-error
-    from terminal import escape_controls  # pylint: disable=import-error
+    from terminal import LINE_LIMIT, cap_line, escape_controls  # pylint: disable=import-error
     from verdict import Health  # pylint: disable=import-error
 else:
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import open_regular
-    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT, cap_line, escape_controls
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 PROGRESS_FILE = "progress.json"
@@ -125,32 +125,43 @@ def last_progress(log_path: str | None, pattern: Pattern[str], limit: int = SCAN
 
 
 def _scan(fd: int, info: os.stat_result, pattern: Pattern[str], limit: int, chunk: int) -> LogProgress:
-    """last_progress's search of the open log, backwards from its end, over at most `limit` bytes."""
+    """last_progress's search of the open log, backwards from its end, over at most `limit` bytes.
+
+    Memory stays bounded whatever the job prints: of a line longer than a chunk only its first
+    LINE_LIMIT bytes are kept (the pattern sees those; the line is kept and shown cut, see cap_line).
+    """
     size, mtime = info.st_size, info.st_mtime
     file_id = (info.st_dev, info.st_ino)
-    carry = b""  # the start of a line whose beginning lies in the next chunk to read
+    # The line whose beginning lies in the next chunk to read: its first bytes so far (at most
+    # LINE_LIMIT of them) and its whole length so far.
+    carry, carry_length = b"", 0
     pos = size
     trailing = False
     while pos > 0 and size - pos < limit:
         length = min(chunk, pos)
         pos -= length
-        data = os.pread(fd, length, pos) + carry
-        pieces = _LINE_BREAK.split(data)
+        pieces = _LINE_BREAK.split(os.pread(fd, length, pos))
+        # The last piece continues into the carried line; each break is one byte.
+        lengths = [len(piece) for piece in pieces]
+        lengths[-1] += carry_length
+        pieces[-1] = (pieces[-1] + carry)[:LINE_LIMIT]
         # Unless this chunk starts the file, its first piece continues into the earlier bytes.
         first = 0 if pos == 0 else 1
-        cursor = pos + len(data)
-        for piece in reversed(pieces[first:]):
-            start = cursor - len(piece)
-            if piece.strip():
-                text = piece.decode("utf-8", "surrogateescape")
+        cursor = pos + sum(lengths) + len(pieces) - 1  # just after the last piece
+        for index in range(len(pieces) - 1, first - 1, -1):
+            piece, whole = pieces[index], lengths[index]
+            if piece.strip() or whole > len(piece):  # a cut line is not blank space
+                head = piece[:LINE_LIMIT]
+                text = head.decode("utf-8", "surrogateescape")
                 match = pattern.search(text)
                 if match is not None:
                     # Escaped for the result (see _base/terminal.py); the pattern saw the line as written.
-                    return LogProgress(True, "", size, mtime, escape_controls(text), escape_controls(_step_of(match)),
+                    shown = cap_line(head, whole).decode("utf-8", "surrogateescape")
+                    return LogProgress(True, "", size, mtime, escape_controls(shown), escape_controls(_step_of(match)),
                                        cursor, trailing, pos == 0, file_id)
                 trailing = True
-            cursor = start - 1
-        carry = pieces[0] if first else b""
+            cursor -= whole + 1
+        carry, carry_length = (pieces[0][:LINE_LIMIT], lengths[0]) if first else (b"", 0)
     return LogProgress(True, "", size, mtime, whole=pos == 0, trailing=trailing, file_id=file_id)
 
 

@@ -28,7 +28,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import stopped_state
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line, escape_controls
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import cap_line, decode_line, escape_controls
 
 INCIDENT_DIR = "incidents"
 INCIDENT_DIR_MODE = 0o700
@@ -108,10 +108,11 @@ def thread_evidence(table: ProcessTable, pids: Iterable[int]) -> list[dict[str, 
         if process is None:
             continue
         threads = table.load_threads(pid)
-        # A process names itself: its comm and command line are the job's to choose, escapes included.
+        # A process names itself: its comm and command line are the job's to choose, escapes included,
+        # and a command line can be megabytes (cut as a log line is, see cap_line).
         described.append({
             "pid": pid, "ppid": process.ppid, "state": process.state, "comm": escape_controls(process.comm),
-            "cmdline": escape_controls(process.cmdline), "starttime": process.starttime,
+            "cmdline": escape_controls(cap_line(process.cmdline)), "starttime": process.starttime,
             "threads": [_escaped(thread.as_dict()) for thread in threads[:MAX_THREADS]],
             "threads_truncated": len(threads) > MAX_THREADS,
         })
@@ -155,9 +156,10 @@ def py_spy_dumps(pids: Iterable[int], which: Callable[[str], str | None] = shuti
             dumps.append({"pid": pid, "error": f"cannot run py-spy: {exc}"})
             continue
         # Frames name the job's own files and functions: escaped like its log lines.
-        output = "\n".join(decode_line(line) for line in (done.stdout or b"")[:PY_SPY_OUTPUT_LIMIT].split(b"\n"))
+        output = "\n".join(decode_line(cap_line(line))
+                           for line in (done.stdout or b"")[:PY_SPY_OUTPUT_LIMIT].split(b"\n"))
         entry: dict[str, Any] = {"pid": pid, "rc": done.returncode, "stacks": output}
         if done.returncode != 0:
-            entry["error"] = decode_line((done.stderr or b"")[:4096].strip())
+            entry["error"] = decode_line(cap_line((done.stderr or b"").strip()))
         dumps.append(entry)
     return {"available": True, "executable": executable, "dumps": dumps}

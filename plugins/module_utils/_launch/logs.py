@@ -19,7 +19,7 @@ import re
 from typing import Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import cap_line, decode_line
 
 TAIL_READ_LIMIT = 64 * 1024
 # The mode of a log directory train_launch creates (as ansible.builtin.file in the job_launch role).
@@ -107,13 +107,40 @@ def create_log(log_path: str, mode: int, uid: int = -1, gid: int = -1) -> None:
         os.close(fd)
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of what is at `path`, its directory walked (no link another user can change followed),
+    the name itself not followed; None where nothing is or it cannot be reached."""
+    try:
+        directory, name = safepath.split(path)
+        with safepath.walk(directory) as parent:
+            info = safepath.lstat_at(parent.fd, name)
+    except OSError:
+        return None
+    return None if info is None else (info.st_dev, info.st_ino)
+
+
+def same_log(recorded: object, given: str | None) -> bool:
+    """Whether a recorded log path and this task's are one log, as the kernel resolves them, not as spelt:
+    the same path once normalised as every walk here reads it (``/a//b``, ``/a/./b``), or, where the file
+    exists, the same file (device, inode: a root's symlinked directory, a bind mount)."""
+    if not isinstance(recorded, str) or given is None:
+        return recorded == given
+    try:
+        if safepath.split(recorded) == safepath.split(given):
+            return True
+    except OSError:
+        return False
+    ours = _file_identity(given)
+    return ours is not None and ours == _file_identity(recorded)
+
+
 def split_lines(text: bytes) -> list[bytes]:
     """The lines of `text`, each ended by \\n, \\r\\n or \\r (the last one perhaps unfinished)."""
     return _LINE_BREAK.split(text)
 
 
 def tail(log_path: str | None, lines: int) -> list[str]:
-    """The last `lines` lines of the log (at most the last 64 KiB), control characters escaped.
+    """The last `lines` lines of the log (at most the last 64 KiB), each cut (cap_line), then escaped.
 
     Only a regular file reached without following a symlink another user can change: a link planted
     at log_path, or at a directory above it, must not turn the task result into a reader of another
@@ -134,4 +161,4 @@ def tail(log_path: str | None, lines: int) -> list[str]:
         pieces = pieces[1:]  # drop the partial first line
     if pieces and not pieces[-1]:
         pieces.pop()  # the log ends with a line break
-    return [decode_line(piece) for piece in pieces[-lines:]]
+    return [decode_line(cap_line(piece)) for piece in pieces[-lines:]]

@@ -9,9 +9,10 @@ does no I/O itself. Check mode and state=probe render it; the executor carries i
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import RelaunchGuard
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
@@ -58,13 +59,15 @@ class Plan:
         return f" (the job was {failed.value}" + ("; resumed with resume_args)" if self.resume else ")")
 
 
-def runs_with_this_spec(status: JobStatus, spec_hash: str, backend: str, log_path: str | None) -> bool:
+def runs_with_this_spec(status: JobStatus, spec_hash: str, backend: str, log_path: str | None,
+                        same_log: Callable[[Any, str | None], bool] = operator.eq) -> bool:
     """Whether the recorded run is of this spec, backend and log path.
 
-    A new log_path is a change too: otherwise the result would name a log the job does not write.
+    A new log_path is a change too: otherwise the result would name a log the job does not write. A new
+    spelling of the same log is none (`same_log`: logs.same_log compares them as the kernel resolves them).
     """
-    same_log = status.run is not None and status.run.get("log_path") == log_path
-    return status.spec_hash == spec_hash and status.backend == backend and same_log
+    return (status.spec_hash == spec_hash and status.backend == backend and status.run is not None
+            and same_log(status.run.get("log_path"), log_path))
 
 
 def plan_start(*, always_restart: bool, status: JobStatus, active: bool, health: HealthReport, same_spec: bool,

@@ -13,23 +13,29 @@ from typing import Pattern, Protocol
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT, cap_line, escape_controls
 # describe_exit is the health judgement's (health.py, which the node's private copy imports too).
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import describe_exit
+
+# How much of the log one read takes: the log is read by chunks of this, never whole.
+READ_CHUNK = 64 * 1024
 
 
 class LogScanner:
     """Reads a growing log from the start and finds the first line matching a pattern.
 
-    The pattern sees the line as the job wrote it; `matched_line` is the line escaped for showing
-    (see _base/terminal.py), as it goes into the result.
+    The pattern sees the line as the job wrote it (its first LINE_LIMIT bytes); `matched_line` is the
+    line cut (see cap_line) and escaped for showing (see _base/terminal.py), as it goes into the result.
+    The log is read by bounded chunks and of each line only its head is kept: a job that prints a line
+    of gigabytes costs this wait time, never memory.
     """
 
     def __init__(self, path: str, pattern: Pattern[str] | None) -> None:
         self.path = path
         self.pattern = pattern
         self.offset = 0
-        self.partial = b""
+        self.partial = b""  # the first bytes (at most LINE_LIMIT) of the unfinished last line
+        self.partial_length = 0  # its whole length so far
         self.matched_line: str | None = None
 
     def exists(self) -> bool:
@@ -43,26 +49,47 @@ class LogScanner:
             # A regular file only: a FIFO here must not block the wait, a symlink not be followed.
             with os.fdopen(safepath.open_regular(self.path, os.O_RDONLY), "rb") as handle:
                 handle.seek(self.offset)
-                data = handle.read()
+                while self.matched_line is None:
+                    data = handle.read(READ_CHUNK)
+                    if not data:
+                        break
+                    self.offset += len(data)
+                    self._take(data)
         except OSError:
             return None
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()  # the last element is an unfinished line (or empty)
-        for raw in lines:
-            line = raw.decode("utf-8", "surrogateescape").rstrip("\r")
-            if self.pattern.search(line):
-                self.matched_line = escape_controls(line)
-                break
         return self.matched_line
+
+    def _take(self, data: bytes) -> None:
+        """Judge each line that `data` ends; keep the head of the one it leaves unfinished."""
+        pieces = data.split(b"\n")
+        self._extend(pieces[0])
+        for piece in pieces[1:]:
+            if self._match_partial(finished=True):
+                return
+            self.partial, self.partial_length = b"", 0
+            self._extend(piece)
+
+    def _extend(self, piece: bytes) -> None:
+        if len(self.partial) < LINE_LIMIT:
+            self.partial += piece[:LINE_LIMIT - len(self.partial)]
+        self.partial_length += len(piece)
+
+    def _match_partial(self, finished: bool) -> bool:
+        """Whether the (head of the) line in `partial` matches; if so it becomes `matched_line`."""
+        raw = self.partial
+        if finished and self.partial_length == len(raw):
+            raw = raw.rstrip(b"\r")  # a line ended by \r\n
+        if self.pattern is None or not self.pattern.search(raw.decode("utf-8", "surrogateescape")):
+            return False
+        length = self.partial_length - (len(self.partial) - len(raw))
+        self.matched_line = escape_controls(cap_line(raw, length).decode("utf-8", "surrogateescape"))
+        return True
 
     def scan_including_partial(self) -> str | None:
         """At the very end, also try the unfinished last line (a job may not end it with \\n)."""
         found = self.scan()
-        if found is None and self.pattern is not None and self.partial:
-            line = self.partial.decode("utf-8", "surrogateescape")
-            if self.pattern.search(line):
-                self.matched_line = escape_controls(line)
+        if found is None and self.pattern is not None and self.partial_length:
+            self._match_partial(finished=False)
         return self.matched_line
 
 

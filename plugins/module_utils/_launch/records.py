@@ -46,7 +46,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles i
     open_regular,
     write_json_atomic,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import failed_log_name
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import failed_log_name, same_log
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import JobIdentity, RecordError, leader_alive
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
@@ -258,7 +258,7 @@ def failed_start_log(records: JobRecords, log_path: str | None) -> str | None:
     failed = records.read(FAILED_START_FILE)
     launched = records.read(LAUNCH_FILE)
     if (failed and launched and failed.get("run_id") == launched.get("run_id")
-            and failed.get("log_path") == log_path and safepath.lexists(log_path)):
+            and same_log(failed.get("log_path"), log_path) and safepath.lexists(log_path)):
         return failed_log_name(log_path)
     return None
 

@@ -23,6 +23,11 @@ would rename the records. So is a ``state_dir/NAME`` that a link (root's: walks 
 the same directory as another job's: one job's records would be the other's.
 
 Only jobs under the same state_dir are seen: a job kept under another state_dir is not.
+
+Two starts at the same instant must not both pass: a start that is about to stop, rotate or create
+anything checks and claims its log in one step (:func:`claim_log`), under an exclusive lock on the
+state_dir's descriptor, and its claim (``claim.json`` in its job directory, naming the log) counts while
+its task holds the job's lock: the other start, checking after it, sees the claim and is refused.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from typing import Tuple
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import LAUNCH_FILE
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import LAUNCH_FILE, write_json_atomic
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobRecords
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import NAME_PATTERN, LaunchOptions
 
+# A start's claim on its log (see claim_log), in its job directory: it counts while the job's lock is held.
+CLAIM_FILE = "claim.json"
 # At most this many entries of state_dir are looked at (a bound on the work of one start).
 MAX_JOBS = 4096
 # What the rotation appends to a log's name (logs.rotated_name, logs.failed_log_name).
@@ -120,9 +127,11 @@ def _claims(records: JobRecords) -> list[tuple[str, str]]:
     if status.running and status.run is not None and isinstance(status.run.get("log_path"), str):
         claims.append((status.run["log_path"], f"runs (pid {status.run.get('pid')})"))
     if _worked_on(records.job_dir):
-        launch = records.read(LAUNCH_FILE)
-        if launch is not None and isinstance(launch.get("log_path"), str):
-            claims.append((launch["log_path"], "is being worked on by another task now (its lock is held)"))
+        # What it started, and what it is starting now (its claim: a start under way has no launch.json yet).
+        for name in (LAUNCH_FILE, CLAIM_FILE):
+            record = records.read(name)
+            if record is not None and isinstance(record.get("log_path"), str):
+                claims.append((record["log_path"], "is being worked on by another task now (its lock is held)"))
     return claims
 
 
@@ -181,3 +190,15 @@ def check_not_shared(options: LaunchOptions, proc_root: str = "/proc") -> None:
     problems = sharing_problems(options, proc_root)
     if problems:
         raise OptionsInvalid(problems)
+
+
+def claim_log(options: LaunchOptions, proc_root: str = "/proc") -> None:
+    """check_not_shared and the claim of options.log_path as one step: under an exclusive lock on the
+    state_dir's descriptor (held for the check and one small write), so that of two starts on one log at
+    the same instant the second sees the first's claim. The caller holds the job's lock (the claim counts
+    only while it does). OptionsInvalid as check_not_shared, and nothing claimed."""
+    # Opened for reading (listable): flock takes no O_PATH descriptor.
+    with safepath.walk(options.state_dir, listable=True) as state_dir:
+        fcntl.flock(state_dir.fd, fcntl.LOCK_EX)
+        check_not_shared(options, proc_root)
+        write_json_atomic(os.path.join(options.job_dir, CLAIM_FILE), {"log_path": options.log_path})

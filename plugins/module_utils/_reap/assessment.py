@@ -31,6 +31,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs impor
     Process,
     ProcessTable,
 )
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import cap_line
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind, Judged, Verdict
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import (
     Identity,
@@ -217,7 +218,7 @@ def _job_entry(process: Process) -> dict[str, Any]:
         "sid": process.sid,
         "state": process.state,
         "comm": process.comm,
-        "cmdline": process.cmdline,
+        "cmdline": cap_line(process.cmdline),  # a command line can be megabytes: cut as a log line is
         "threads": process.threads,
     }
 

@@ -126,3 +126,20 @@ def test_a_part_is_read_only_from_a_regular_file_of_json(tmp_path):
     for name in ("../part.json", "..", "", "a/b.json"):
         with pytest.raises(ReportError, match="must be a file name inside the directory"):
             read_report(str(tmp_path), name)
+
+
+def test_a_part_nested_too_deeply_is_refused_naming_it(tmp_path):
+    """No "maximum recursion depth exceeded": the file or the variable is named, nothing is merged."""
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(ReportError) as raised:
+        read_report(str(tmp_path), "deep.json")
+    assert str(tmp_path / "deep.json") in str(raised.value) and "nested too deeply" in str(raised.value)
+    deep: dict = {}
+    inner = deep
+    for _level in range(5000):
+        inner["hosts"] = {}
+        inner = inner["hosts"]
+    with pytest.raises(FleetError) as refused:
+        merge_fleets(dict(slices(), **{"fleet_part_7": deep}))
+    assert str(refused.value) == ("fleet_part_7: not a fleet summary of gpuops.relaunch.relaunch_fleet: it is nested "
+                                  "more than 32 levels deep")

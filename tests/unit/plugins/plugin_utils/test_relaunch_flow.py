@@ -608,3 +608,26 @@ def test_the_fleet_lists_hosts_that_failed_before_the_decision():
     assert fleet["hosts"]["a"]["failed"] is None
     assert fleet["counts"]["failed"] == 2 and fleet["counts"]["unchanged"] == 1
     assert fleet_line(fleet) == "3 host(s): 1 unchanged, 2 failed (failed: b, c)"
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("job_launch_master_addr", ["x"]), ("job_launch_master_addr", {"a": 1}), ("job_launch_master_addr", "a b"),
+    ("job_launch_master_addr", "m\x1b[2J"), ("job_launch_master_addr", 10), ("ansible_host", ["10.0.0.1"]),
+])
+def test_a_master_addr_that_is_no_address_is_refused_naming_the_variable(variable, value):
+    """["x"] would launch every rank with MASTER_ADDR="['x']"."""
+    with pytest.raises(RelaunchInputError) as raised:
+        rank_of("b", ["a", "b"], {variable: value})
+    message = str(raised.value)
+    assert f"b: {variable} (of rank 0, a) must be a host name or address for MASTER_ADDR" in message
+    assert "\x1b" not in message and "No rank of this job" in message
+    assert rank_of("b", ["a", "b"], {"job_launch_master_addr": "", "ansible_host": "h"}).master_addr == "h"
+
+
+@pytest.mark.parametrize("ranks", [[["node1"], "node2"], [None, "node1"], ["node1", {"a": 1}], ["", "node1"], "node1"])
+def test_ranks_that_are_no_list_of_names_are_refused_naming_the_variable(ranks):
+    with pytest.raises(RelaunchInputError) as raised:
+        check_ranks("node1", ranks, {}, ["node1", "node2"], ["node1", "node2"])
+    assert "node1: job_launch_ranks must be a list of inventory hostnames, not " in str(raised.value)
+    # A number is a name (YAML reads the host 7 as one): taken as its text, as before.
+    check_ranks("node1", ["node1", 7], {}, ["node1", "7"], ["node1", "7"])

@@ -81,3 +81,21 @@ def test_a_drain_environment_name_that_is_no_variable_name_is_refused_before_it_
         "gpu_drain_environment: 'OK\\x1b' is not an environment variable name (letters, digits and _, not starting with a "
         "digit)",
         "gpu_drain_environment: the value of NUL contains a NUL byte"], found
+
+
+def test_what_ansible_would_convert_instead_of_refusing_is_refused_naming_the_variable():
+    """Ansible's own check turns [[node1], node2] into ["['node1']", "node2"], [null, node1] into ["", "node1"] and
+    ["x"] for a string into "['x']": each is refused, naming the variable, before anything runs."""
+    found = errors(dict(JOB, job_launch_ranks=[["node1"], "node2"], job_launch_master_addr=["x"],
+                        job_launch_resume_args=[None, "--resume"], job_launch_log_path={"a": 1},
+                        gpu_drain_devices=["0", [1]], job_launch_remove_paths=["/tmp/x", ["/y"]]))
+    assert found[:6] == [
+        "job_launch_log_path must be a string, not a mapping: {'a': 1}",
+        "job_launch_remove_paths must be a list of strings, and its item 1 is a list: ['/tmp/x', ['/y']]",
+        "job_launch_resume_args must be a list of strings, and its item 0 is null: [None, '--resume']",
+        "job_launch_ranks must be a list of strings, and its item 0 is a list: [['node1'], 'node2']",
+        "job_launch_master_addr must be a string, not a list: ['x']",
+        "gpu_drain_devices must be a list of strings, and its item 1 is a list: ['0', [1]]",
+    ], found
+    # A null for the whole variable means the module's default; numbers are text enough (Ansible's conversion).
+    assert errors(dict(JOB, job_launch_master_addr=None, job_launch_ranks=["node1", 7], job_launch_user=1000)) == []

@@ -77,6 +77,19 @@ def test_no_escaped_text_is_a_template_to_ansible(text: str) -> None:
     assert templar.template(trusted(escaped)) == escaped
     # What the escape stops: the text as it was is a template (its result differs or it fails).
     try:
-        assert templar.template(trusted(text)) != text
+        rendered = templar.template(trusted(text))
     except Exception:  # pylint: disable=broad-exception-caught  # an error is evaluation too
-        pass
+        return
+    assert rendered != text
+
+
+def test_a_job_line_is_cut_to_one_limit_and_marked_before_it_is_escaped() -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT, cap_line
+    assert cap_line(b"step 1") == b"step 1" and cap_line("x" * LINE_LIMIT) == "x" * LINE_LIMIT
+    long = b"\x1b" * (6 * 1024 * 1024)
+    shown = decode_line(cap_line(long))
+    # Cut first, then escaped: at most four characters a byte of the limit, and the note says so.
+    assert shown == "\\x1b" * LINE_LIMIT + " [cut: %d bytes in all]" % len(long)
+    assert cap_line("y" * (LINE_LIMIT + 1)) == "y" * LINE_LIMIT + " [cut: %d characters in all]" % (LINE_LIMIT + 1)
+    # Only the head was read: the caller says how long the whole line was.
+    assert cap_line(b"z" * 10, length=10 ** 9) == b"z" * 10 + b" [cut: 1000000000 bytes in all]"

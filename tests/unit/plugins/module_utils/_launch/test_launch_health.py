@@ -209,3 +209,18 @@ def test_a_real_stopped_process_is_read_as_stopped_by_a_signal() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_progress_line_of_megabytes_is_read_by_chunks_and_kept_cut(tmp_path) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT
+    huge = "step 4 " + "\x1b" * (6 * 1024 * 1024)
+    text = "step 3 a\n" + huge + "\nnoise\n"
+    found = last_progress(write(tmp_path / "log", text), STEP)
+    assert found.step == "4" and found.trailing is True
+    assert found.line_end == len("step 3 a\n" + huge)
+    # Cut before escaping: the kept line is a few KiB, not 24 MiB, and says how long the line was.
+    assert found.line.endswith(" [cut: %d bytes in all]" % len(huge)) and len(found.line) < 5 * LINE_LIMIT
+    assert len(Progress(found.step, found.line, 1.0, "log_mtime", found.line_end).record("r1")["line"]) < 5 * LINE_LIMIT
+    # A line longer than the limit whose head is blank space is still a line (something follows the step).
+    after = last_progress(write(tmp_path / "blank", "step 5 b\n" + " " * (LINE_LIMIT + 10) + "x\n"), STEP)
+    assert after.step == "5" and after.trailing is True

@@ -82,3 +82,29 @@ def test_the_scanner_neither_follows_a_link_nor_blocks_on_a_fifo(tmp_path) -> No
     os.mkfifo(tmp_path / "fifo.log")
     fifo = LogScanner(str(tmp_path / "fifo.log"), re.compile("ready"))
     assert fifo.scan() is None and not fifo.exists()
+
+
+def test_each_line_of_the_tail_is_cut_before_it_is_escaped(tmp_path) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT
+    log = tmp_path / "train.log"
+    log.write_bytes(b"first\n" + b"\x1b" * 60_000 + b"\nlast\n")
+    shown = tail(str(log), 3)
+    assert shown[0] == "first" and shown[2] == "last"
+    assert shown[1] == "\\x1b" * LINE_LIMIT + " [cut: 60000 bytes in all]"
+
+
+def test_a_log_path_is_compared_as_the_kernel_resolves_it_not_as_spelt(tmp_path) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.logs import same_log
+    log = tmp_path / "logs" / "train.log"
+    log.parent.mkdir()
+    recorded = str(log)
+    # Respelt, before the log exists and after.
+    for spelling in (f"{tmp_path}//logs/train.log", f"{tmp_path}/./logs/./train.log", f"{tmp_path}/logs/train.log"):
+        assert same_log(recorded, spelling) is True
+    log.write_text("step 1\n")
+    assert same_log(recorded, f"{tmp_path}//logs//train.log") is True
+    # Another name for the same file (a hard link: the kernel's one file) is one log; another file is not.
+    os.link(log, tmp_path / "logs" / "other.log")
+    assert same_log(recorded, str(tmp_path / "logs" / "other.log")) is True
+    assert same_log(recorded, str(tmp_path / "logs" / "train.log.1")) is False
+    assert same_log(None, str(log)) is False and same_log(None, None) is True and same_log(recorded, "relative") is False

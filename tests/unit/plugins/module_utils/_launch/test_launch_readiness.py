@@ -109,3 +109,21 @@ def test_describe_exit() -> None:
     assert describe_exit({"exit_code": 0, "exit_signal": None}) == "exit code 0"
     assert describe_exit({"error": "cannot start"}) == "cannot start"
     assert "unknown" in describe_exit(None)
+
+
+def test_the_scanner_keeps_only_the_head_of_a_line_of_megabytes(tmp_path) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT
+    log = tmp_path / "train.log"
+    huge = "ready " + "\x1b" * (3 * 1024 * 1024)
+    log.write_text("setup\r\n" + huge[:100])
+    scanner = LogScanner(str(log), re.compile(r"^ready "))
+    assert scanner.scan() is None
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(huge[100:])
+    assert scanner.scan() is None and len(scanner.partial) == LINE_LIMIT  # unfinished: only its head is kept
+    assert scanner.scan_including_partial().endswith(" [cut: %d bytes in all]" % len(huge))
+    assert len(scanner.matched_line) < 5 * LINE_LIMIT
+    ended = LogScanner(str(log), re.compile(r"^ready "))
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("\r\n")
+    assert ended.scan().startswith("ready \\x1b\\x1b") and len(ended.matched_line) < 5 * LINE_LIMIT
