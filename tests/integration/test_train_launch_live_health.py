@@ -163,7 +163,7 @@ def test_a_progress_line_of_megabytes_keeps_the_records_small_and_the_stall_foun
     assert len(first["ready_line"]) < 2 * LINE_LIMIT
     # The supervisor notes the step in progress.json and reads it back: the stall is found.
     stalled = file_says(ns, "stalled")
-    assert sample(stalled, "gpuops_job_last_step", **labels()) == 3
+    assert sample(stalled, "gpuops_job_last_step", **labels(first["run_id"])) == 3
     record = Path(ns.state_dir) / "job" / "progress.json"
     assert record.stat().st_size < 4 * LINE_LIMIT
     health = once(ns, "health")["health"]
