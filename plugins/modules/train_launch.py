@@ -355,6 +355,37 @@ options:
       - The window of O(max_relaunches), in seconds. A finite number, more than 0 and at most 2592000 (30 days).
     type: float
     default: 3600
+  relaunch_delay:
+    description:
+      - The growing delay of a job that keeps failing, modelled on systemd's C(RestartSec), C(RestartSteps) and
+        C(RestartMaxDelaySec). The first counted relaunch within O(relaunch_window) is made at once; the
+        second is due this many seconds after the last relaunch, each later one twice as long as the one
+        before, at most O(relaunch_max_delay). Relaunches that are not counted (RV(relaunch_guard.counts)) are never delayed.
+      - Nothing waits for it - no worker is held. Before its due time RV(decision.action) is V(none) with
+        RV(decision.due_at), so the relaunch leaves the job for a later run (the event path's repeated alert,
+        a schedule); a O(state=started) or O(state=restarted) before it fails with the due time, to be retried.
+      - A finite number of seconds between V(0) and V(3600). V(0) (the default) never delays.
+    type: float
+    default: 0
+    version_added: 0.2.0
+  relaunch_max_delay:
+    description:
+      - The longest delay O(relaunch_delay) grows to, in seconds; at least O(relaunch_delay) and at most V(86400).
+    type: float
+    default: 600
+    version_added: 0.2.0
+  failure_cause:
+    description:
+      - What caused the failure a relaunch now follows. V(hardware) - the GPU health gate found the job's GPU
+        at fault (and it was reset); the relaunch is made and recorded, but not counted against
+        O(max_relaunches) and never delayed. V(unknown) - counted as before, unless the run made progress
+        (see O(progress_regex)).
+      - The caller's word, as O(force) is - the module does not check the hardware itself
+        (M(gpuops.relaunch.gpu_health) does). Give the same value to the probe and to the start.
+    type: str
+    choices: [unknown, hardware]
+    default: unknown
+    version_added: 0.2.0
   force:
     description:
       - Decide to relaunch a job that would be left alone - one that V(finished), or runs with this
@@ -1014,6 +1045,9 @@ def main() -> None:
             "resume": {"type": "str", "choices": ["auto", "always", "never"], "default": "auto"},
             "max_relaunches": {"type": "int"},
             "relaunch_window": {"type": "float", "default": 3600},
+            "relaunch_delay": {"type": "float", "default": 0},
+            "relaunch_max_delay": {"type": "float", "default": 600},
+            "failure_cause": {"type": "str", "choices": ["unknown", "hardware"], "default": "unknown"},
             "force": {"type": "bool", "default": False},
             "reset_guard": {"type": "bool", "default": False},
             "metrics_dir": {"type": "path"},
