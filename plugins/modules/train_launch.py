@@ -154,7 +154,9 @@ description:
     V(stopped) run; RV(resumed) says so) and is counted in C(relaunches.json) with the job's records.
     With O(max_relaunches) set, a relaunch past that many within O(relaunch_window) seconds is refused
     before anything is stopped (the crash-loop guard); RV(relaunch_guard) says on every call whether
-    it would be.
+    it would be. Only relaunches that could be the job's crash loop count - not one after a failure the
+    caller says the hardware caused (O(failure_cause)), nor one whose run got past the step the run before
+    it reached (O(progress_regex)) - and one that counts can be made to wait, longer each time (O(relaunch_delay)).
   - The job does not inherit the environment of the Ansible connection. It gets C(PATH), C(HOME),
     C(USER), C(LOGNAME), C(LANG=C.UTF-8) and what O(env) sets.
 author:
@@ -313,6 +315,9 @@ options:
         Its first group (or, without one, the whole match) is the step reported in RV(health.last_step).
       - A line ends at a newline or a carriage return, so each redraw of a progress bar counts.
       - Only the last 8 MiB of the log are searched for the last such line.
+      - The crash-loop guard compares the step a failed run reached with the step the run before it reached
+        (as numbers) - a run that got past it made progress, and the relaunch after it is not counted against
+        O(max_relaunches). Without a progress_regex every relaunch after a failure counts.
     type: str
   stall_after:
     description:
@@ -882,12 +887,53 @@ relaunch_guard:
       description: O(relaunch_window).
       type: float
     recent:
-      description: How many relaunches after a failure happened within the window.
+      description: How many relaunches after a failure within the window count against O(max_relaunches).
       type: int
+    recent_all:
+      description: How many relaunches after a failure happened within the window, counted or not.
+      type: int
+      version_added: 0.2.0
     history:
-      description: Those relaunches (the last 20) - when (C(at), C(at_iso)), which run they replaced and its health.
+      description:
+        - Those relaunches (the last 20) - when (C(at), C(at_iso)), which run they replaced and its health, the
+          step it reached (C(step)), the caller's C(cause), whether it counted (C(counted)) and why (C(why)).
       type: list
       elements: dict
+    counts:
+      description:
+        - Whether a relaunch now would count against O(max_relaunches) - false when O(failure_cause=hardware),
+          or when the failed run got past the step the run before it reached (numbers read with
+          O(progress_regex)); false when no relaunch is needed.
+      type: bool
+      version_added: 0.2.0
+    why:
+      description: Why it counts or not, for people (null when no relaunch is needed).
+      type: str
+      version_added: 0.2.0
+    step:
+      description: The last progress step the failed run reached (null without a progress line or O(progress_regex)).
+      type: str
+      version_added: 0.2.0
+    cause:
+      description: O(failure_cause).
+      type: str
+      version_added: 0.2.0
+    delay:
+      description: The growing delay of this relaunch in seconds (O(relaunch_delay)); V(0) when none.
+      type: float
+      version_added: 0.2.0
+    due_at:
+      description: When this relaunch is due (seconds since the epoch), or null without a delay.
+      type: float
+      version_added: 0.2.0
+    due_at_iso:
+      description: RV(relaunch_guard.due_at) as ISO 8601.
+      type: str
+      version_added: 0.2.0
+    wait:
+      description: Seconds until RV(relaunch_guard.due_at) (V(0) when due).
+      type: float
+      version_added: 0.2.0
     needed:
       description: Whether a start now would be a relaunch after a failure (the health is V(crashed), V(stalled) or V(missing) with a recorded run).
       type: bool
@@ -910,7 +956,8 @@ decision:
       description:
         - V(relaunch) - the job is V(crashed), V(stalled), V(missing) or V(stopped), runs with another
           spec, log path or backend, or O(force) relaunches a job that V(finished) or runs with this spec.
-        - V(none) - left alone (it V(finished), or runs with this spec; O(force) relaunches it).
+        - V(none) - left alone (it V(finished), or runs with this spec; O(force) relaunches it; or a relaunch
+          that is not due yet, see O(relaunch_delay) and RV(decision.due_at)).
         - V(refused) - a relaunch is wanted but the crash-loop guard refuses it (RV(decision.why) is
           the refusal, naming O(max_relaunches), O(relaunch_window) and O(reset_guard)).
       type: str
@@ -932,6 +979,13 @@ decision:
           (V(always) when it resumes, else V(never)); the start decides with the same rule.
       type: str
       choices: [always, never]
+    due_at:
+      description:
+        - When a relaunch left alone for the growing delay (O(relaunch_delay)) is due, ISO 8601; the next
+          relaunch run after it relaunches the job.
+      returned: when a relaunch is not due yet
+      type: str
+      version_added: 0.2.0
     resumable:
       description:
         - Whether a start told O(resume=always) would append O(resume_args) (there are some, and the job ran
