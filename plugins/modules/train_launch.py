@@ -154,7 +154,9 @@ description:
     V(stopped) run; RV(resumed) says so) and is counted in C(relaunches.json) with the job's records.
     With O(max_relaunches) set, a relaunch past that many within O(relaunch_window) seconds is refused
     before anything is stopped (the crash-loop guard); RV(relaunch_guard) says on every call whether
-    it would be.
+    it would be. Only relaunches that could be the job's crash loop count - not one after a failure the
+    caller says the hardware caused (O(failure_cause)), nor one whose run got past the step the run before
+    it reached (O(progress_regex)) - and one that counts can be made to wait, longer each time (O(relaunch_delay)).
   - The job does not inherit the environment of the Ansible connection. It gets C(PATH), C(HOME),
     C(USER), C(LOGNAME), C(LANG=C.UTF-8) and what O(env) sets.
 author:
@@ -313,6 +315,9 @@ options:
         Its first group (or, without one, the whole match) is the step reported in RV(health.last_step).
       - A line ends at a newline or a carriage return, so each redraw of a progress bar counts.
       - Only the last 8 MiB of the log are searched for the last such line.
+      - The crash-loop guard compares the step a failed run reached with the step the run before it reached
+        (as numbers) - a run that got past it made progress, and the relaunch after it is not counted against
+        O(max_relaunches). Without a progress_regex every relaunch after a failure counts.
     type: str
   stall_after:
     description:
@@ -355,6 +360,37 @@ options:
       - The window of O(max_relaunches), in seconds. A finite number, more than 0 and at most 2592000 (30 days).
     type: float
     default: 3600
+  relaunch_delay:
+    description:
+      - The growing delay of a job that keeps failing, modelled on systemd's C(RestartSec), C(RestartSteps) and
+        C(RestartMaxDelaySec). The first counted relaunch within O(relaunch_window) is made at once; the
+        second is due this many seconds after the last relaunch, each later one twice as long as the one
+        before, at most O(relaunch_max_delay). Relaunches that are not counted (RV(relaunch_guard.counts)) are never delayed.
+      - Nothing waits for it - no worker is held. Before its due time RV(decision.action) is V(none) with
+        RV(decision.due_at), so the relaunch leaves the job for a later run (the event path's repeated alert,
+        a schedule); a O(state=started) or O(state=restarted) before it fails with the due time, to be retried.
+      - A finite number of seconds between V(0) and V(3600). V(0) (the default) never delays.
+    type: float
+    default: 0
+    version_added: 0.2.0
+  relaunch_max_delay:
+    description:
+      - The longest delay O(relaunch_delay) grows to, in seconds; at least O(relaunch_delay) and at most V(86400).
+    type: float
+    default: 600
+    version_added: 0.2.0
+  failure_cause:
+    description:
+      - What caused the failure a relaunch now follows. V(hardware) - the GPU health gate found the job's GPU
+        at fault (and it was reset); the relaunch is made and recorded, but not counted against
+        O(max_relaunches) and never delayed. V(unknown) - counted as before, unless the run made progress
+        (see O(progress_regex)).
+      - The caller's word, as O(force) is - the module does not check the hardware itself
+        (M(gpuops.relaunch.gpu_health) does). Give the same value to the probe and to the start.
+    type: str
+    choices: [unknown, hardware]
+    default: unknown
+    version_added: 0.2.0
   force:
     description:
       - Decide to relaunch a job that would be left alone - one that V(finished), or runs with this
@@ -851,12 +887,53 @@ relaunch_guard:
       description: O(relaunch_window).
       type: float
     recent:
-      description: How many relaunches after a failure happened within the window.
+      description: How many relaunches after a failure within the window count against O(max_relaunches).
       type: int
+    recent_all:
+      description: How many relaunches after a failure happened within the window, counted or not.
+      type: int
+      version_added: 0.2.0
     history:
-      description: Those relaunches (the last 20) - when (C(at), C(at_iso)), which run they replaced and its health.
+      description:
+        - Those relaunches (the last 20) - when (C(at), C(at_iso)), which run they replaced and its health, the
+          step it reached (C(step)), the caller's C(cause), whether it counted (C(counted)) and why (C(why)).
       type: list
       elements: dict
+    counts:
+      description:
+        - Whether a relaunch now would count against O(max_relaunches) - false when O(failure_cause=hardware),
+          or when the failed run got past the step the run before it reached (numbers read with
+          O(progress_regex)); false when no relaunch is needed.
+      type: bool
+      version_added: 0.2.0
+    why:
+      description: Why it counts or not, for people (null when no relaunch is needed).
+      type: str
+      version_added: 0.2.0
+    step:
+      description: The last progress step the failed run reached (null without a progress line or O(progress_regex)).
+      type: str
+      version_added: 0.2.0
+    cause:
+      description: O(failure_cause).
+      type: str
+      version_added: 0.2.0
+    delay:
+      description: The growing delay of this relaunch in seconds (O(relaunch_delay)); V(0) when none.
+      type: float
+      version_added: 0.2.0
+    due_at:
+      description: When this relaunch is due (seconds since the epoch), or null without a delay.
+      type: float
+      version_added: 0.2.0
+    due_at_iso:
+      description: RV(relaunch_guard.due_at) as ISO 8601.
+      type: str
+      version_added: 0.2.0
+    wait:
+      description: Seconds until RV(relaunch_guard.due_at) (V(0) when due).
+      type: float
+      version_added: 0.2.0
     needed:
       description: Whether a start now would be a relaunch after a failure (the health is V(crashed), V(stalled) or V(missing) with a recorded run).
       type: bool
@@ -879,7 +956,8 @@ decision:
       description:
         - V(relaunch) - the job is V(crashed), V(stalled), V(missing) or V(stopped), runs with another
           spec, log path or backend, or O(force) relaunches a job that V(finished) or runs with this spec.
-        - V(none) - left alone (it V(finished), or runs with this spec; O(force) relaunches it).
+        - V(none) - left alone (it V(finished), or runs with this spec; O(force) relaunches it; or a relaunch
+          that is not due yet, see O(relaunch_delay) and RV(decision.due_at)).
         - V(refused) - a relaunch is wanted but the crash-loop guard refuses it (RV(decision.why) is
           the refusal, naming O(max_relaunches), O(relaunch_window) and O(reset_guard)).
       type: str
@@ -901,6 +979,13 @@ decision:
           (V(always) when it resumes, else V(never)); the start decides with the same rule.
       type: str
       choices: [always, never]
+    due_at:
+      description:
+        - When a relaunch left alone for the growing delay (O(relaunch_delay)) is due, ISO 8601; the next
+          relaunch run after it relaunches the job.
+      returned: when a relaunch is not due yet
+      type: str
+      version_added: 0.2.0
     resumable:
       description:
         - Whether a start told O(resume=always) would append O(resume_args) (there are some, and the job ran
@@ -1014,6 +1099,9 @@ def main() -> None:
             "resume": {"type": "str", "choices": ["auto", "always", "never"], "default": "auto"},
             "max_relaunches": {"type": "int"},
             "relaunch_window": {"type": "float", "default": 3600},
+            "relaunch_delay": {"type": "float", "default": 0},
+            "relaunch_max_delay": {"type": "float", "default": 600},
+            "failure_cause": {"type": "str", "choices": ["unknown", "hardware"], "default": "unknown"},
             "force": {"type": "bool", "default": False},
             "reset_guard": {"type": "bool", "default": False},
             "metrics_dir": {"type": "path"},

@@ -446,6 +446,9 @@ def _escalation(word: Any) -> Escalation:
 HEALTH_KEYS = ("state", "reason", "last_step", "last_progress_at", "since_progress", "exit_code", "exit_signal",
                "ended_at", "log_tail")
 GUARD_KEYS = ("max_relaunches", "relaunch_window", "recent", "would_refuse", "history")
+# What the summary adds when train_launch says it (the budget knows why: whether this relaunch counts,
+# why, and the growing delay's due time); absent from an older train_launch's answer, absent here.
+GUARD_BUDGET_KEYS = ("counts", "why", "step", "cause", "delay", "due_at_iso", "wait")
 
 
 def _result(value: Any) -> Mapping[str, Any]:
@@ -510,7 +513,8 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         # The stop wrote it before any signal (or the launch, when nothing was left to stop).
         "incident": stop.get("incident") or launch.get("incident"),
         "resumed": wanted and bool(launch.get("resumed", False)),
-        "relaunch_guard": {key: guard.get(key, [] if key == "history" else None) for key in GUARD_KEYS},
+        "relaunch_guard": {**{key: guard.get(key, [] if key == "history" else None) for key in GUARD_KEYS},
+                           **{key: guard[key] for key in GUARD_BUDGET_KEYS if key in guard}},
         "found": str(found.get("escalation") or cleanup.get("escalation")) if cleanup else NOT_LOOKED,
         "reasons": _unique(list(found.get("reasons") or []) + list(cleanup.get("reasons") or [])),
         "ended": [entry.get("pid") for entry in (cleanup.get("ended") or []) + (cleanup_again.get("ended") or [])
@@ -561,7 +565,8 @@ def after_action(summary: Mapping[str, Any], launch: Mapping[str, Any]) -> dict[
         state = seen
     recent = summary["relaunch_guard"].get("recent")
     guard = launch.get("relaunch_guard") if isinstance(launch.get("relaunch_guard"), Mapping) else {}
-    if launch.get("changed") and guard.get("needed") and isinstance(guard.get("recent"), int):
+    # A relaunch that does not count (the hardware's failure, or progress) leaves the count as it was.
+    if launch.get("changed") and guard.get("needed") and guard.get("counts") is not False and isinstance(guard.get("recent"), int):
         recent = guard["recent"] + 1
     return {"state": state, "recent_relaunches": recent}
 

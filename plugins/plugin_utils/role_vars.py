@@ -148,6 +148,11 @@ VARIABLES: tuple[RoleVar, ...] = (
     _opt(_TL, "max_relaunches", default=3,
          notes=("Unlike the module (no limit unless asked), the role sets one - it is what runs unattended; null, no limit.",)),
     _opt(_TL, "relaunch_window", default=3600),
+    _opt(_TL, "relaunch_delay"),
+    _opt(_TL, "relaunch_max_delay"),
+    _opt(_TL, "failure_cause",
+         notes=("The GPU health gate's word (V(hardware)) for a relaunch after a failure of the job's GPU; the "
+                "crash-loop guard does not count it.",)),
     _opt(_TL, "reset_guard", default=False,
          notes=("The way past a refusal by the crash-loop guard once its cause is fixed.",
                 "True on every host of the relaunch's play (an extra var), it needs C(relaunch_hosts) or C(--limit) "

@@ -140,6 +140,19 @@ def test_a_crashing_job_is_relaunched_until_the_guard_stops_it(ns: Target) -> No
         assert crashed["health"]["exit_code"] == 7 and crashed["health"]["exit_signal"] is None
         assert "crashing after step 2 with code 7" in crashed["health"]["log_tail"]
         assert crashed["relaunch_guard"]["recent"] == attempt and crashed["relaunch_guard"]["would_refuse"] is False
+        if attempt == 1:
+            # The growing delay: the second counted relaunch is due relaunch_delay after the first. Before that
+            # the probe leaves the job (decision none, due_at: no worker waits) and a start is refused, to be
+            # retried; nothing is stopped or counted. (Told no delay, the same relaunch goes ahead below.)
+            delayed = {**options, "relaunch_delay": 3000, "relaunch_max_delay": 3000}
+            later = once(ns, "probe", **delayed)
+            assert later["decision"]["action"] == "none"
+            assert later["decision"]["due_at"] == later["relaunch_guard"]["due_at_iso"]
+            assert later["relaunch_guard"]["delay"] == 3000 and 0 < later["relaunch_guard"]["wait"] <= 3000
+            not_yet = once(ns, **delayed)
+            assert not_yet["failed"] is True and not_yet["changed"] is False and not_yet["msg"].startswith("not relaunching yet")
+            assert later["decision"]["due_at"] in not_yet["msg"] and "relaunch_delay=3000" in not_yet["msg"]
+            assert len(json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]) == 1
         again = once(ns, **options)
         assert again["running"] is True and again["resumed"] is True and again["health"]["state"] == "crashed"
         assert Path(again["incident"]).is_file()
@@ -156,7 +169,25 @@ def test_a_crashing_job_is_relaunched_until_the_guard_stops_it(ns: Target) -> No
     assert refused["run_id"] == last["run_id"] and Path(refused["incident"]).is_file()  # the evidence is kept
     assert json.loads(Path(refused["incident"]).read_text())["health"]["exit_code"] == 7
     assert len(list((job_dir(ns) / "incidents").iterdir())) == 3  # one per crashed run
-    assert len(json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]) == 2
+    history = json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]
+    assert [(entry["step"], entry["counted"]) for entry in history] == [("2", True), ("2", True)]  # the same step
+    # The budget knows why. A failure the hardware caused (the GPU health gate's word) is relaunched and not
+    # counted; its run gets past step 2 (to 4), so the relaunch after it is not counted either; dying at step 4
+    # again is counted, and refused as before.
+    onward = {**options, "command": ns.demo("--ready-after", "0.1", "--step-interval", "0.3", "--crash-at-step", "4",
+                                            "--exit-code", "7")}
+    hardware = once(ns, failure_cause="hardware", **onward)
+    assert hardware["running"] is True and hardware["relaunch_guard"]["counts"] is False
+    progressed = health_until(ns, "crashed", max_relaunches=2)
+    guard = progressed["relaunch_guard"]
+    assert guard["recent"] == 2 and guard["step"] == "4" and guard["counts"] is False and guard["would_refuse"] is False
+    assert "got past step 2" in guard["why"]
+    assert once(ns, **onward)["running"] is True
+    same_step = health_until(ns, "crashed", max_relaunches=2)["relaunch_guard"]
+    assert same_step["counts"] is True and same_step["would_refuse"] is True and same_step["recent"] == 2
+    history = json.loads((job_dir(ns) / "relaunches.json").read_text())["relaunches"]
+    assert [(entry["step"], entry["cause"], entry["counted"]) for entry in history[2:]] == [
+        ("2", "hardware", False), ("4", "unknown", False)]
 
 
 def test_a_finished_job_is_finished(ns: Target) -> None:

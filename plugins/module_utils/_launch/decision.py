@@ -76,14 +76,19 @@ class Decision:
     why: str
     resume: bool = False
     resumable: bool = False
+    # When a relaunch left alone for the growing delay is due (ISO 8601), else None.
+    due_at: str | None = None
 
     @property
     def relaunch(self) -> bool:
         return self.action is Action.RELAUNCH
 
     def as_dict(self) -> dict[str, Any]:
-        return {"action": self.action.value, "relaunch": self.relaunch, "why": self.why, "resume": self.resume,
-                "resume_mode": resume_mode_for(self.resume), "resumable": self.resumable}
+        decided = {"action": self.action.value, "relaunch": self.relaunch, "why": self.why, "resume": self.resume,
+                   "resume_mode": resume_mode_for(self.resume), "resumable": self.resumable}
+        if self.due_at is not None:
+            decided["due_at"] = self.due_at
+        return decided
 
 
 def _finished(health: HealthReport) -> str:
@@ -122,4 +127,9 @@ def decide(health: HealthReport, other_spec: bool, guard: RelaunchGuard, guard_r
     if refusal is not None:
         # The same text state=started fails with: the guard counts, the decision only reports.
         return Decision(Action.REFUSED, refusal, resumable=resumable)
+    not_yet = guard.not_before(guard_report)
+    if not_yet is not None:
+        # The growing delay: left alone now, not refused - the next relaunch run after due_at (the event
+        # path's repeated alert, a schedule) relaunches it. Nothing waits here, no worker is held.
+        return Decision(Action.NONE, not_yet, resumable=resumable, due_at=guard_report.get("due_at_iso"))
     return Decision(Action.RELAUNCH, why, resume, resumable)

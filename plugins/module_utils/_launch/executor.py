@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import LOG_MODE, Backend, RecordedRunProbe, make_backend
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, with_relaunch
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, relaunch_entry, with_relaunch
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import STOP_FILE, HealthReport, iso
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import Judgement
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path, refresh_once, remove_live_file
@@ -173,9 +173,10 @@ class Executor:
         if plan.relaunch:
             # Counted before the stop and the start: a start that fails counts too.
             now = judgement.now
-            self.records.write(HISTORY_FILE, with_relaunch(list(judgement.history), {
-                "at": now, "at_iso": iso(now), "run_id": self.health.run_id, "health": self.health.state.value,
-            }, now, self.options.relaunch_window))
+            # The entry says whether it counts (progress, cause) and why: see guard.py.
+            entry = relaunch_entry(now, self.health.run_id, self.health.state.value, judgement.guard_report)
+            self.records.write(HISTORY_FILE, with_relaunch(list(judgement.history), entry, now,
+                                                           self.options.relaunch_window))
         replaced_exit = status.exit
         if judgement.active:
             self.stop(status.run, judgement.recorded)

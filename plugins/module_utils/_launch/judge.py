@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import Backend, make_backend
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, RelaunchGuard, history_entries
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import (
+    HISTORY_FILE,
+    Failure,
+    RelaunchDelay,
+    RelaunchGuard,
+    history_entries,
+)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import (
     PROGRESS_FILE,
     STOP_FILE,
@@ -49,6 +55,8 @@ class Judgement:
     history: tuple[dict[str, Any], ...]
     # Wall-clock seconds since the epoch when the guard was asked.
     now: float
+    # The failure a relaunch now would follow: the step its run reached, its cause (the guard's budget).
+    failure: Failure = Failure()
 
     @property
     def relaunch(self) -> bool:
@@ -57,7 +65,7 @@ class Judgement:
 
     @property
     def guard_report(self) -> dict[str, Any]:
-        return self.guard.report(list(self.history), self.now, self.relaunch)
+        return self.guard.report(list(self.history), self.now, self.relaunch, self.failure)
 
 
 @dataclass
@@ -79,8 +87,35 @@ class JobJudge:
         active = status.run is not None and recorded.active(status.run)
         health = self._health(status)
         history = () if history_cleared else tuple(history_entries(self.records.read(HISTORY_FILE)))
-        guard = RelaunchGuard(self.options.max_relaunches, self.options.relaunch_window)
-        return Judgement(status, active, recorded, health, guard, history, self.wall_clock())
+        options = self.options
+        guard = RelaunchGuard(options.max_relaunches, options.relaunch_window,
+                              RelaunchDelay(options.relaunch_delay, options.relaunch_max_delay))
+        failure = Failure(self._failed_step(status, health), options.failure_cause)
+        return Judgement(status, active, recorded, health, guard, history, self.wall_clock(), failure)
+
+    def _stall_rule(self, run: dict | None) -> tuple[re.Pattern | None, float | None]:
+        """The task's progress_regex and stall_after; a task that names neither, the run's own (as the node)."""
+        pattern, stall_after = self.options.progress_regex, self.options.stall_after
+        if pattern is None and stall_after is None and run is not None:
+            regex, stall_after = stall_rule(self.launch_of(run))
+            pattern = re.compile(regex) if regex is not None else None
+        return pattern, stall_after
+
+    def _failed_step(self, status: JobStatus, health: HealthReport) -> str | None:
+        """The last progress step of a failed run (for the guard's budget), or None.
+
+        A live run's is in its verdict; an ended run's is read from its log (not yet rotated: the start
+        rotates it after the guard counted), where the progress line is. Only after a failure: a healthy job
+        costs no log read here.
+        """
+        if not (health.state.failed and health.has_run):
+            return None
+        if health.progress is not None and health.progress.step is not None:
+            return health.progress.step
+        pattern, _stall_after = self._stall_rule(status.run)
+        if pattern is None or status.run is None:
+            return None
+        return last_progress(status.run.get("log_path"), pattern).step
 
     def _health(self, status: JobStatus) -> HealthReport:
         """The health of the recorded run (see _launch/health.py); notes new progress if allowed."""
@@ -91,11 +126,8 @@ class JobJudge:
             exit_record = self._settled_exit(run.get("run_id"))
         progress = None
         now = self.wall_clock()
-        pattern, stall_after = options.progress_regex, options.stall_after
-        if pattern is None and stall_after is None and run is not None:
-            # A task that names no stall rule judges by the one the run was started with, as the node does.
-            regex, stall_after = stall_rule(self.launch_of(run))
-            pattern = re.compile(regex) if regex is not None else None
+        # A task that names no stall rule judges by the one the run was started with, as the node does.
+        pattern, stall_after = self._stall_rule(run)
         if run is not None and exit_record is None and status.running and pattern is not None:
             record = self.records.read(PROGRESS_FILE)
             progress = measure(last_progress(run.get("log_path"), pattern), str(run.get("run_id")),

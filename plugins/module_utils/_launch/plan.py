@@ -80,5 +80,6 @@ def plan_start(*, always_restart: bool, status: JobStatus, active: bool, health:
     if not always_restart and status.running and same_spec and health.state != Health.STALLED:
         return Plan(Operation.NONE, **common)
     operation = Operation.RESTART if active else Operation.START
-    refusal = guard.refusal(guard_report, health.state.value)
+    # A crash loop is refused; a relaunch before its due time (the growing delay) too, to be retried after it.
+    refusal = guard.refusal(guard_report, health.state.value) or guard.not_before(guard_report)
     return Plan(operation, refusal=refusal, rotated_log=rotated_log, removed_paths=removed_paths, **common)

@@ -35,6 +35,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safep
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES, LaunchState
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import CAUSE_UNKNOWN, CAUSES
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import check_expect_run_id
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -48,6 +49,9 @@ MAX_KEEP_LOGS = 1000
 MAX_LOG_TAIL_LINES = 10000
 MAX_RELAUNCHES = 1000
 MAX_RELAUNCH_WINDOW = 30 * 86400.0
+# The growing delay's bounds: a first delay of at most an hour, a cap of at most a day.
+MAX_RELAUNCH_DELAY = 3600.0
+MAX_RELAUNCH_MAX_DELAY = 86400.0
 # The role variable (job_launch and relaunch roles) of each path option whose directory a run may be
 # denied: a non-root run that cannot use /var/lib/gpuops or the log directory is told what to set.
 PATH_ROLE_VARIABLES = {"state_dir": "job_launch_state_dir", "log_path": "job_launch_log_path"}
@@ -149,6 +153,11 @@ class LaunchOptions:
     resume: str = "auto"
     max_relaunches: int | None = None
     relaunch_window: float = 3600.0
+    # The growing delay of a job that keeps failing (guard.RelaunchDelay): 0, none.
+    relaunch_delay: float = 0.0
+    relaunch_max_delay: float = 600.0
+    # What caused the failure a relaunch now follows (guard.CAUSES): hardware is not counted.
+    failure_cause: str = "unknown"
     # Changes only the decision: a job left alone (finished, or running with this spec) is relaunched.
     force: bool = False
     # Clear the job's relaunch history before deciding (the crash-loop guard's documented reset).
@@ -535,6 +544,17 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     relaunch_window = checks.check(check_seconds, "relaunch_window",
                                    3600.0 if params.get("relaunch_window") is None else params["relaunch_window"],
                                    0.0, MAX_RELAUNCH_WINDOW, allow_minimum=False)
+    relaunch_delay = checks.check(check_seconds, "relaunch_delay", params.get("relaunch_delay") or 0.0,
+                                  0.0, MAX_RELAUNCH_DELAY)
+    relaunch_max_delay = checks.check(check_seconds, "relaunch_max_delay",
+                                      600.0 if params.get("relaunch_max_delay") is None else params["relaunch_max_delay"],
+                                      0.0, MAX_RELAUNCH_MAX_DELAY)
+    if relaunch_delay is not None and relaunch_max_delay is not None and relaunch_max_delay < relaunch_delay:
+        checks.add("relaunch_max_delay", f"{relaunch_max_delay:g}s is less than relaunch_delay {relaunch_delay:g}s "
+                   "(the cap of a delay that starts there)")
+    failure_cause = params.get("failure_cause") or CAUSE_UNKNOWN
+    if failure_cause not in CAUSES:
+        checks.add("failure_cause", f"must be one of {', '.join(CAUSES)} (got {failure_cause!r})")
     expect_run_id = checks.check(check_expect_run_id, params.get("expect_run_id"))
     if params.get("expect_run_id") is not None and state != LaunchState.STOPPED.value:
         checks.add("expect_run_id", f"only with state=stopped (the run a stop is for), not with state={state}")
@@ -559,6 +579,9 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         resume=params.get("resume") or "auto",
         max_relaunches=max_relaunches,
         relaunch_window=float(relaunch_window or 3600.0),
+        relaunch_delay=float(relaunch_delay or 0.0),
+        relaunch_max_delay=float(600.0 if relaunch_max_delay is None else relaunch_max_delay),
+        failure_cause=str(failure_cause),
         force=bool(params.get("force")),
         reset_guard=bool(params.get("reset_guard")),
         metrics_dir=metrics_dir,

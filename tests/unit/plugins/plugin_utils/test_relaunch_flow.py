@@ -316,6 +316,14 @@ def test_the_summary_says_the_job_after_the_action_and_keeps_what_the_probe_saw(
     results["launch"]["relaunch_guard"] = {"recent": 1, "needed": False}
     assert host_summary("h1", False, results, None, None)["after"]["recent_relaunches"] == 1
     assert host_summary("h1", True, full_results(), None, None)["after"] == {"state": "crashed", "recent_relaunches": 1}
+    # A relaunch the budget does not count (the hardware's failure, or progress) leaves the count as it was;
+    # the summary says why, and the growing delay's due time when there is one.
+    results["launch"]["relaunch_guard"] = {"recent": 1, "needed": True, "counts": False}
+    assert host_summary("h1", False, results, None, None)["after"]["recent_relaunches"] == 1
+    results["probe"]["relaunch_guard"].update(counts=False, why="not counted: the hardware caused the failure",
+                                              cause="hardware", due_at_iso=None)
+    told = host_summary("h1", False, results, None, None)["relaunch_guard"]
+    assert told["why"].startswith("not counted") and told["cause"] == "hardware" and "wait" not in told
     # Nothing decided: the job is as the probe found it; the probe's live file is the job's.
     noop = {"probe": {"health": {"state": "running"}, "relaunch_guard": {"recent": 0}, "live_metrics": None},
             "decision": {"action": "none"}, "launch": {"changed": True, "relaunch_guard": {"recent": 5, "needed": True}}}

@@ -13,7 +13,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision i
     resume_mode_for,
     would_resume,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import RelaunchGuard
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import Failure, RelaunchDelay, RelaunchGuard
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import HealthReport
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.plan import Operation, plan_start
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records import JobStatus
@@ -81,6 +81,27 @@ def test_a_relaunch_past_the_guard_is_refused_with_the_guards_own_text(state) ->
     assert decision.action is Action.REFUSED and decision.relaunch is False and decision.resume is False
     assert decision.why == GUARD.refusal(past, state.value)
     assert "reset_guard=true / job_launch_reset_guard=true" in decision.why and "max_relaunches" in decision.why
+
+
+def test_a_relaunch_before_its_due_time_is_left_for_later_and_a_start_refused() -> None:
+    # The growing delay: the decision leaves the job (no worker waits), a start before due_at is refused.
+    health = report(Health.CRASHED)
+    guard = RelaunchGuard(5, 3600.0, RelaunchDelay(60.0, 600.0))
+    history = [{"at": NOW - 10, "run_id": "r0", "health": "crashed", "step": "3", "counted": True}]
+    early = guard.report(history, NOW, True, Failure("3"))
+    decision = decide(health, False, guard, early, False, True)
+    assert decision.action is Action.NONE and decision.due_at == early["due_at_iso"]
+    assert decision.as_dict()["due_at"] == early["due_at_iso"] and "in 50s" in decision.why
+    status = JobStatus({"run_id": "r1"}, {"exit_code": 3}, False)
+    plan = plan_start(always_restart=False, status=status, active=False, health=health, same_spec=False, guard=guard,
+                      guard_report=early, resume=False, backend="supervisor", spec_hash="h", rotated_log=None,
+                      removed_paths=())
+    assert plan.kind == "refuse" and plan.refusal == decision.why
+    due = guard.report(history, NOW + 50, True, Failure("3"))
+    assert decide(health, False, guard, due, False, True).action is Action.RELAUNCH
+    assert "due_at" not in decide(health, False, guard, due, False, True).as_dict()
+    progressed = guard.report(history, NOW, True, Failure("4"))
+    assert decide(health, False, guard, progressed, False, True).action is Action.RELAUNCH
 
 
 @pytest.mark.parametrize("state, force", [(Health.FINISHED, True), (Health.RUNNING, True), (Health.STOPPED, False)])

@@ -9,8 +9,13 @@ import subprocess
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import (
+    CAUSE_HARDWARE,
+    Failure,
+    RelaunchDelay,
     RelaunchGuard,
+    counts,
     history_entries,
+    relaunch_entry,
     with_relaunch,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.incident import (
@@ -34,6 +39,85 @@ def test_the_guard_counts_within_the_window() -> None:
     assert guard.report(history, 60.0, needed=False)["would_refuse"] is False  # nothing to refuse
     refusal = guard.refusal(guard.report(history, 60.0, needed=True), "crashed")
     assert "max_relaunches=2" in refusal and "relaunch_window=100s" in refusal and "2 times" in refusal
+
+
+def _relaunched(guard: RelaunchGuard, history: list, now: float, failure: Failure) -> list:
+    """The history after a relaunch now (as the executor writes it), or AssertionError if refused."""
+    report = guard.report(history, now, True, failure)
+    assert not report["would_refuse"], guard.refusal(report, "crashed")
+    return history + [relaunch_entry(now, f"r{len(history)}", "crashed", report)]
+
+
+def test_a_job_that_progressed_between_crashes_is_not_a_crash_loop() -> None:
+    guard = RelaunchGuard(2, 3600.0)
+    history: list = []
+    for at, step in ((0.0, "500"), (10.0, "900"), (20.0, "1400"), (30.0, "2000")):
+        history = _relaunched(guard, history, at, Failure(step))
+    assert [entry["counted"] for entry in history] == [True, False, False, False]
+    assert "got past step 1400" in history[-1]["why"]
+    assert guard.report(history, 40.0, True, Failure("2000"))["would_refuse"] is False  # one counted, at step 2000
+    # ... and then dies at the same step: counted again, and refused past the limit as today.
+    history = _relaunched(guard, history, 40.0, Failure("2000"))
+    report = guard.report(history, 50.0, True, Failure("2000"))
+    assert report["recent"] == 2 and report["recent_all"] == 5 and report["would_refuse"] is True
+
+
+def test_a_job_that_dies_at_the_same_step_is_refused_as_today() -> None:
+    guard = RelaunchGuard(2, 3600.0)
+    history = _relaunched(guard, [], 0.0, Failure("3"))
+    history = _relaunched(guard, history, 10.0, Failure("3"))
+    assert guard.report(history, 20.0, True, Failure("3"))["would_refuse"] is True
+    assert guard.report(history, 20.0, True, Failure("2.5"))["would_refuse"] is True  # went back: no progress
+    # No progress_regex (no step), a step that is no number: every failure counts, as before.
+    assert counts(Failure(None), {"step": "3"})[0] is True
+    assert counts(Failure("epoch-4"), {"step": "epoch-3"})[0] is True
+    assert counts(Failure("nan"), {"step": "3"})[0] is True
+    assert counts(Failure("4"), None)[0] is True
+
+
+def test_a_failure_the_hardware_caused_is_not_counted() -> None:
+    guard = RelaunchGuard(1, 3600.0)
+    history = _relaunched(guard, [], 0.0, Failure("3"))
+    assert guard.report(history, 5.0, True, Failure("3"))["would_refuse"] is True
+    hardware = Failure("3", CAUSE_HARDWARE)
+    report = guard.report(history, 5.0, True, hardware)
+    assert report["would_refuse"] is False and report["counts"] is False and "hardware" in report["why"]
+    history = _relaunched(guard, history, 5.0, hardware)
+    assert history[-1]["cause"] == "hardware" and history[-1]["counted"] is False
+    assert guard.report(history, 6.0, True, Failure("3"))["recent"] == 1
+
+
+def test_entries_written_before_the_budget_knew_why_count() -> None:
+    entries = history_entries({"relaunches": [{"at": 1.0, "counted": False, "why": "x", "junk": 1}, {"at": 2.0}]})
+    assert entries == [{"at": 1.0, "counted": False, "why": "x"}, {"at": 2.0}]
+    assert RelaunchGuard(1, 100.0).report(entries, 3.0, True)["recent"] == 1
+
+
+def test_a_step_is_kept_bounded() -> None:
+    entry = relaunch_entry(1.0, "r", "crashed", RelaunchGuard(1, 9.0).report([], 1.0, True, Failure("9" * 500)))
+    assert len(entry["step"]) == 64
+
+
+def test_a_job_that_keeps_failing_waits_longer_each_time() -> None:
+    delay = RelaunchDelay(30.0, 100.0)
+    assert [delay.seconds(n) for n in range(6)] == [0.0, 30.0, 60.0, 100.0, 100.0, 100.0]
+    assert RelaunchDelay().seconds(5) == 0.0  # the default: no delay, today's behaviour
+    assert RelaunchDelay(1.0, 86400.0).seconds(10 ** 6) == 86400.0  # no overflow
+    guard = RelaunchGuard(None, 3600.0, delay)
+    first = guard.report([], 0.0, True, Failure("3"))
+    assert first["delay"] == 0.0 and first["wait"] == 0.0 and guard.not_before(first) is None
+    history = _relaunched(guard, [], 0.0, Failure("3"))
+    early = guard.report(history, 10.0, True, Failure("3"))
+    assert early["delay"] == 30.0 and early["wait"] == 20.0 and early["due_at"] == 30.0
+    assert "due 30s after the last one" in guard.not_before(early)
+    due = guard.report(history, 30.0, True, Failure("3"))
+    assert due["wait"] == 0.0 and guard.not_before(due) is None
+    history = _relaunched(guard, history, 30.0, Failure("3"))
+    assert guard.report(history, 31.0, True, Failure("3"))["due_at"] == 90.0  # doubled: 60s after the last
+    # A relaunch that does not count (progress, hardware) is never delayed.
+    assert guard.report(history, 31.0, True, Failure("4"))["wait"] == 0.0
+    assert guard.report(history, 31.0, True, Failure("3", CAUSE_HARDWARE))["wait"] == 0.0
+    assert guard.report(history, 31.0, False, Failure("3"))["wait"] == 0.0  # no relaunch needed
 
 
 def test_no_limit_and_zero() -> None:

@@ -37,6 +37,8 @@ def test_unset_means_no_stall_detection_and_no_limit(tmp_path) -> None:
                                          relaunch_window=None, resume_args=None))
     assert options.stall_after is None and options.max_relaunches is None and options.relaunch_window == 3600.0
     assert options.resume_args == ()
+    # The restart budget's defaults: no delay, the cause unknown (counted unless the run progressed).
+    assert options.relaunch_delay == 0.0 and options.relaunch_max_delay == 600.0 and options.failure_cause == "unknown"
 
 
 @pytest.mark.parametrize("overrides, named", [
@@ -53,6 +55,13 @@ def test_unset_means_no_stall_detection_and_no_limit(tmp_path) -> None:
     ({"max_relaunches": 1001}, ["max_relaunches"]),
     ({"relaunch_window": 0}, ["relaunch_window"]),
     ({"relaunch_window": float("nan")}, ["relaunch_window"]),
+    ({"relaunch_delay": float("nan")}, ["relaunch_delay"]),
+    ({"relaunch_delay": -1}, ["relaunch_delay"]),
+    ({"relaunch_delay": 3601}, ["relaunch_delay"]),
+    ({"relaunch_max_delay": float("inf")}, ["relaunch_max_delay"]),
+    ({"relaunch_max_delay": 86401}, ["relaunch_max_delay"]),
+    ({"relaunch_delay": 60, "relaunch_max_delay": 30}, ["relaunch_max_delay"]),
+    ({"failure_cause": "cosmic rays"}, ["failure_cause"]),
 ])
 def test_bad_options_are_named(tmp_path, overrides, named) -> None:
     with pytest.raises(OptionsInvalid) as caught:
