@@ -59,14 +59,16 @@ def _remapped_rows(pynvml: Any, handle: Any) -> dict[str, int]:
 
 
 def _nvlink(pynvml: Any, handle: Any) -> dict[str, list[int]]:
-    """Links up and down; a link index the GPU does not have answers NOT_SUPPORTED or INVALID_ARGUMENT."""
+    """Links up and down. A GPU's links are numbered from 0 without gaps, and the first index it does not
+    have answers NOT_SUPPORTED or INVALID_ARGUMENT: the probe stops there (a GPU without NVLink costs one
+    call, not NVML_NVLINK_MAX_LINKS of them; an H100's 18 links cost 19)."""
     up, down = [], []
     for link in range(int(pynvml.NVML_NVLINK_MAX_LINKS)):
         try:
             state = pynvml.nvmlDeviceGetNvLinkState(handle, link)
         except pynvml.NVMLError as exc:
             if getattr(exc, "value", None) in (_NOT_SUPPORTED, _INVALID_ARGUMENT):
-                continue
+                break
             raise
         (up if state == pynvml.NVML_FEATURE_ENABLED else down).append(link)
     if not up and not down:

@@ -6,7 +6,7 @@ import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import ESCALATION_WORDS, Escalation, worst
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import health, xid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import health, health_reads, xid
 
 BOOT = 1_767_225_600.0  # the epoch time of the kernel's timestamp 0 in these fixtures
 LINE79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
@@ -167,3 +167,36 @@ def test_bad_options_are_named_all_at_once():
     assert caught.value.options == ["devices", "since", "xid_overrides", "burst_window", "kernel_log_timeout"]
     good = dict(params, devices=[], since=-60, xid_overrides={}, burst_window=10, kernel_log_timeout=5)
     assert health.options_from_params(good, now=BOOT).since == BOOT - 60
+
+
+class _Links:
+    """NVML's NvLink calls as a driver answers them: `links` states (1 up, 0 down), then `past` for the
+    first index the GPU does not have; counts the calls."""
+
+    NVML_NVLINK_MAX_LINKS = 36
+    NVML_FEATURE_ENABLED = 1
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            super().__init__(value)
+            self.value = value
+
+    def __init__(self, links, past):
+        self.links, self.past, self.calls = links, past, 0
+
+    def nvmlDeviceGetNvLinkState(self, _handle, link):  # pylint: disable=invalid-name
+        self.calls += 1
+        if link >= len(self.links):
+            raise self.NVMLError(self.past)
+        return self.links[link]
+
+
+@pytest.mark.parametrize("links, past, calls", [([], 3, 1), ([1] * 18, 2, 19), ([1, 0, 1], 3, 4)])
+def test_nvlink_probing_stops_at_the_first_link_the_gpu_does_not_have(links, past, calls):
+    fake = _Links(links, past)
+    read = health_reads._read(fake, lambda: health_reads._nvlink(fake, None))  # pylint: disable=protected-access
+    assert fake.calls == calls
+    if links:
+        assert read["value"]["down"] == [i for i, up in enumerate(links) if not up]
+    else:
+        assert "unsupported" in read
