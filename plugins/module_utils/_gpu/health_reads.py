@@ -17,6 +17,35 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+# Error kinds, named after what the operator has to do about them.
+NOT_INSTALLED = "not_installed"
+LIBRARY_NOT_FOUND = "library_not_found"
+DRIVER_NOT_LOADED = "driver_not_loaded"
+NO_DEVICES = "no_devices"
+VERSION_MISMATCH = "version_mismatch"
+GPU_LOST = "gpu_lost"
+RESET_REQUIRED = "reset_required"
+NO_PERMISSION = "no_permission"
+HUNG = "hung"
+NVML_ERROR = "nvml_error"
+
+# NVML return codes (nvml.h); nvidia-smi uses the same numbers as exit codes.
+_KIND_BY_CODE = {
+    4: NO_PERMISSION,
+    6: NO_DEVICES,  # nvidia-smi: "No devices were found"
+    9: DRIVER_NOT_LOADED,
+    12: LIBRARY_NOT_FOUND,
+    15: GPU_LOST,
+    16: RESET_REQUIRED,
+    18: VERSION_MISMATCH,
+    28: GPU_LOST,  # NVML_ERROR_GPU_NOT_FOUND: the device went away
+}
+
+
+def kind_of_code(code: int) -> str:
+    return _KIND_BY_CODE.get(code, NVML_ERROR)
+
+
 # NVML return codes that mean "this read does not exist here", not a failure (nvml.h).
 _NOT_SUPPORTED = 3
 _INVALID_ARGUMENT = 2

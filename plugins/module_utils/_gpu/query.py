@@ -37,35 +37,25 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling impo
 # The highest minor number a GPU's own device file has (/dev/nvidia0 to /dev/nvidia247): see procfs.
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import MAX_GPU_MINOR
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_reads import gpu_health_reads
+# The error kinds live beside the health reads, which the node's live health copies (standard library only).
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_reads import (  # noqa: F401 (re-exported)
+    NOT_INSTALLED,
+    LIBRARY_NOT_FOUND,
+    DRIVER_NOT_LOADED,
+    NO_DEVICES,
+    VERSION_MISMATCH,
+    GPU_LOST,
+    RESET_REQUIRED,
+    NO_PERMISSION,
+    HUNG,
+    NVML_ERROR,
+    gpu_health_reads,
+    kind_of_code,
+)
 
 MIB = 1024 * 1024
 
-# Error kinds, named after what the operator has to do about them.
-NOT_INSTALLED = "not_installed"
-LIBRARY_NOT_FOUND = "library_not_found"
-DRIVER_NOT_LOADED = "driver_not_loaded"
-NO_DEVICES = "no_devices"
-VERSION_MISMATCH = "version_mismatch"
-GPU_LOST = "gpu_lost"
-RESET_REQUIRED = "reset_required"
-NO_PERMISSION = "no_permission"
-HUNG = "hung"
-NVML_ERROR = "nvml_error"
-
 NO_GPU_KINDS = frozenset({NOT_INSTALLED, LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, NO_DEVICES})
-
-# NVML return codes (nvml.h); nvidia-smi uses the same numbers as exit codes.
-_KIND_BY_CODE = {
-    4: NO_PERMISSION,
-    6: NO_DEVICES,  # nvidia-smi: "No devices were found"
-    9: DRIVER_NOT_LOADED,
-    12: LIBRARY_NOT_FOUND,
-    15: GPU_LOST,
-    16: RESET_REQUIRED,
-    18: VERSION_MISMATCH,
-    28: GPU_LOST,  # NVML_ERROR_GPU_NOT_FOUND: the device went away
-}
 
 _ADVICE = {
     NOT_INSTALLED: "neither the NVML Python bindings (pip package nvidia-ml-py) nor nvidia-smi are installed on the target",
@@ -94,10 +84,6 @@ class GpuQueryError(Exception):
     @property
     def means_no_gpu(self) -> bool:
         return self.kind in NO_GPU_KINDS
-
-
-def kind_of_code(code: int) -> str:
-    return _KIND_BY_CODE.get(code, NVML_ERROR)
 
 
 @dataclass(frozen=True)
