@@ -139,3 +139,46 @@ def gpu_health_reads(pynvml: Any, indices: list[int] | None) -> list[dict[str, A
         }
         gpus.append(entry)
     return gpus
+
+
+# --- the node's live look: this file run as a program ---------------------------------------------
+
+CHILD_USAGE = "usage: health_reads.py NVML_DIR|-  (prints one JSON line: {\"health\": [...]} or {\"error\": ...})"
+
+
+def child_main(argv: list[str]) -> int:
+    """The node's live health runs this file's private copy as a short-lived child (``python3 -I
+    health_reads.py NVML_DIR``) for each look: NVML is loaded there, never in the supervisor, and the
+    child is killed if the driver hangs. NVML_DIR is where the module found pynvml at the start
+    ("-": the interpreter's own path). One JSON line on stdout: the reads of every GPU, or the error."""
+    # pylint: disable=import-outside-toplevel
+    import json
+    import sys
+
+    if len(argv) != 1:
+        sys.stderr.write(CHILD_USAGE + "\n")
+        return 2
+    if argv[0] != "-":
+        sys.path.insert(0, argv[0])
+    try:
+        import pynvml  # pylint: disable=import-error
+    except ImportError as exc:
+        answer: dict[str, Any] = {"error": NOT_INSTALLED, "detail": f"import pynvml: {exc}"}
+    else:
+        try:
+            pynvml.nvmlInit()
+            try:
+                answer = {"health": gpu_health_reads(pynvml, None)}
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception as exc:  # pylint: disable=broad-except
+            code = getattr(exc, "value", None)
+            kind = kind_of_code(code) if isinstance(code, int) else NVML_ERROR
+            answer = {"error": kind, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys as _sys
+    raise SystemExit(child_main(_sys.argv[1:]))
