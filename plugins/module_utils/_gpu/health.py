@@ -27,13 +27,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_judge 
     judge_reads,
     judge_xids,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_reads import READS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
     GPU_LOST,
     RESET_REQUIRED,
     GpuDevice,
     GpuQueryError,
-    NvmlSession,
     open_gpu_source,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import resolve_devices
@@ -85,9 +83,6 @@ def _since(value: Any, now: float) -> float:
 
 # --- the look -----------------------------------------------------------------------------------
 
-NVIDIA_SMI_READS = "the nvidia-smi backend reads no health fields (install nvidia-ml-py on the target)"
-
-
 def read_host(options: HealthOptions, backend: str, nvidia_smi: str, query_timeout: float) -> tuple[str, HostHealth]:
     """(backend, the host's health): the kernel log first (it needs no GPU), then the GPUs.
 
@@ -98,13 +93,9 @@ def read_host(options: HealthOptions, backend: str, nvidia_smi: str, query_timeo
     source = None
     try:
         source = open_gpu_source(backend, nvidia_smi, query_timeout)
-        if isinstance(source, NvmlSession):
-            # One health read of every GPU, selected afterwards: a lost GPU fails only its own entry.
-            entries = source.health(None)
-        else:
-            entries = [{"index": d.index, "uuid": d.uuid, "pci_bus_id": "",
-                        "reads": {name: {"unsupported": NVIDIA_SMI_READS} for name in READS}}
-                       for d in source.query()]
+        # One health read of every GPU, selected afterwards: a lost GPU fails only its own entry. The
+        # nvidia-smi fallback reads what its -q -x report has (NvidiaSmiSession.health).
+        entries = source.health(None)  # type: ignore[attr-defined]
         if options.gpus:
             listed = [GpuDevice(index=e["index"], uuid=str(e.get("uuid", "")), name="", total_bytes=0, used_bytes=0)
                       for e in entries]
