@@ -17,7 +17,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation, FindingKind
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_judge import (  # noqa: F401 (re-exported)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_judge import (  # noqa: F401  pylint: disable=unused-import
     RECOVERY_ACTIONS,
     THROTTLE_WARNINGS,
     GpuHealth,

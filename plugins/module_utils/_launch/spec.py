@@ -197,8 +197,8 @@ class LaunchOptions:
             if self.metrics_gpus:
                 # pylint: disable-next=import-outside-toplevel
                 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import live_gpus
-                stored["live"][live_gpus.GPUS_KEY] = live_gpus.gpu_settings(list(self.metrics_gpus),
-                                                                             live_gpus.nvml_path_here())
+                gpus = live_gpus.gpu_settings(list(self.metrics_gpus), live_gpus.nvml_path_here())
+                stored["live"][live_gpus.GPUS_KEY] = gpus
         return stored
 
     @property

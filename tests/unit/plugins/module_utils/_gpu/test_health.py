@@ -219,7 +219,7 @@ OLD_REPORT = """<?xml version="1.0" ?>
 def test_the_nvidia_smi_report_gives_the_health_reads_it_has_and_says_which_it_has_not():
     """A V100-era report (driver before 535): throttle reasons under their old name, double-bit ECC totals,
     retired pages pending, no remapped rows."""
-    [(uuid, entry)] = query.parse_nvidia_smi_health(OLD_REPORT).items()
+    [(uuid, entry)] = list(query.parse_nvidia_smi_health(OLD_REPORT).items())
     assert uuid == "GPU-old" and entry["pci_bus_id"] == "00000000:3B:00.0"
     reads = entry["reads"]
     assert reads["throttle_reasons"] == {"value": 0x8}
