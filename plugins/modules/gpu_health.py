@@ -28,8 +28,9 @@ description:
   - Each XID is classified by one table kept as data with its source (NVIDIA's XID catalog), see
     R(the GPU health guide,ansible_collections.gpuops.relaunch.docsite.guide_gpu_health); lines of one
     XID on one GPU close together in time are one burst, and a rule counts bursts, not lines.
-  - With the C(nvidia-smi) backend (no Python bindings on the target) only the kernel log and a lost
-    GPU are judged; every NVML read says it is not supported by that backend.
+  - With the C(nvidia-smi) backend (no Python bindings on the target) the reads come from one C(nvidia-smi -q -x)
+    report - remapped rows, retired pages pending, volatile uncorrectable ECC counts, throttle reasons and the
+    bus id that XIDs are matched by; the recovery action and NVLink say the report does not give them.
   - Never changes anything. A look never fails because of what it found; it fails only for bad options
     or a GPU query that cannot run.
 author:

@@ -456,6 +456,21 @@ options:
       - Like O(metrics_dir), part of what a start stores, not of the spec - it never restarts a job by itself.
     type: str
     version_added: 0.2.0
+  metrics_gpus:
+    description:
+      - The job's GPUs (indices or UUIDs, as M(gpuops.relaunch.gpu_mem_wait)'s O(gpuops.relaunch.gpu_mem_wait#module:devices)),
+        whose health the live file then reports too, per GPU (labels C(gpu), C(uuid)) - M(gpuops.relaunch.gpu_health)'s
+        verdict (C(gpuops_gpu_health)), NVML's recovery action, the last XID of the kernel's own log since the run
+        started and whether the GPU is quarantined - and when the node last looked (C(gpuops_gpu_look_timestamp_seconds),
+        C(gpuops_gpu_look_ok)).
+      - The node looks at most every 15 seconds and at once when the job ends, each time in a short-lived child
+        (C(python3 -I), NVML never loaded in the supervisor) killed after 5 seconds if the driver hangs. The child
+        imports C(pynvml) from where this module's Python finds it at the start.
+      - Needs O(metrics_dir). At most 64. Like O(metrics_dir), part of what a start stores, not of the spec.
+      - See R(the GPU health guide,ansible_collections.gpuops.relaunch.docsite.guide_gpu_health).
+    type: list
+    elements: str
+    version_added: 0.2.0
 notes:
   - The supervisor exits once the job's whole tree is gone, except where its parent (in a container,
     PID 1) neither catches nor ignores SIGCHLD and so may never reap it. Exiting there would leave the
@@ -1107,6 +1122,7 @@ def main() -> None:
             "metrics_dir": {"type": "path"},
             "metrics_host": {"type": "str"},
             "metrics_rank0": {"type": "str"},
+            "metrics_gpus": {"type": "list", "elements": "str"},
             "expect_run_id": {"type": "str"},
         },
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],

@@ -143,6 +143,7 @@ VARIABLES: tuple[RoleVar, ...] = (
                 "See R(the metrics guide,ansible_collections.gpuops.relaunch.docsite.guide_metrics).")),
     _opt(_TL, "metrics_host", fallback=("inventory_hostname",), doc_default="{{ inventory_hostname }}",
          notes=("Unset, the inventory hostname: the C(gpuops_host) label of the job's live metrics.",)),
+    _opt(_TL, "metrics_gpus"),
     _opt(_TL, "resume_args"),
     _opt(_TL, "resume"),
     _opt(_TL, "max_relaunches", default=3,

@@ -98,6 +98,18 @@ class SimGpu:
             env["PYTHONPATH"] = str(SIMNVML_DIR)
         return env
 
+    def pinned_bindings(self) -> Path:
+        """A directory whose ``pynvml`` is the simulated one pinned to this state file, for a Python that runs
+        with a minimal environment (the node's live look at a job's GPUs runs ``python3 -I`` without PYTHONPATH
+        or STATE_ENV, importing pynvml from where the module found it): put it on the module's PYTHONPATH."""
+        directory = self.directory / "pinned_bindings"
+        directory.mkdir(exist_ok=True)
+        source = SIMNVML_DIR / "pynvml.py"
+        (directory / "pynvml.py").write_text(
+            f"import os\nos.environ[{STATE_ENV!r}] = {str(self.state_path)!r}\n"
+            f"exec(compile(open({str(source)!r}, encoding='utf-8').read(), {str(source)!r}, 'exec'))\n", encoding="utf-8")
+        return directory
+
     def fake_nvidia_smi_path(self) -> str:
         return str(FAKE_NVIDIA_SMI_DIR)
 

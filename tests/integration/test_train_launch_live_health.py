@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import LINE_LIMIT
+from tests.harness.gpu_holder import sim_gpu
 from tests.harness.launch_targets import Target, in_pid_namespace
 from tests.harness.procstates import wait_until
 from tests.harness.prometheus import PROMTOOL, check_metrics, parse_exposition, sample
@@ -126,6 +127,46 @@ def test_the_node_keeps_the_live_file_through_progress_a_stop_a_kill_and_a_relau
     file_says(ns, "stopped")
     # Only the live file is in the directory: nothing half-written left beside it.
     assert [path.name for path in textfiles(ns).iterdir()] == ["gpuops_job_job.prom"]
+
+
+def gpu_word(samples: dict, run: str, gpu: str) -> str | None:
+    words = [dict(found)["escalation"] for (name, found), value in samples.items()
+             if name == "gpuops_gpu_health" and value == 1 and dict(found).get("gpu") == gpu
+             and dict(found).get("gpuops_run") == run]
+    return words[0] if len(words) == 1 else None
+
+
+def test_the_live_file_says_the_jobs_gpus_health_and_a_gpu_that_needs_a_reset_when_the_job_dies(ns: Target) -> None:
+    """The simulated NVML's state is changed by this (real) process while the job runs; the node's own child
+    reads it (python3 -I, pynvml from where the module found it), with no task running."""
+    with sim_gpu(devices=2) as gpu:
+        command = ns.demo("--ready-after", "0.1", "--step-interval", "0.2")
+        task = ns.launch_task(task_name="t", command=command, min_uptime=0.2, metrics_dir=str(textfiles(ns)),
+                              metrics_host=HOST, metrics_gpus=["0", gpu.devices[1]["uuid"]])
+        task["environment"] = {"PYTHONPATH": str(gpu.pinned_bindings())}
+        first = ns.play([task]).result("t")
+        assert first.get("failed") is not True, first
+        run = first["run_id"]
+        healthy = wait_until(lambda: live(ns) if gpu_word(live(ns), run, "1") == "none" else None, timeout=DEADLINE,
+                             what="the job's GPUs in the live file", interval=0.2)
+        assert gpu_word(healthy, run, "0") == "none"
+        assert sample(healthy, "gpuops_gpu_recovery_action", **labels(run, gpu="1", uuid=gpu.devices[1]["uuid"])) == 0
+        assert sample(healthy, "gpuops_gpu_look_ok", **labels(run)) == 1
+        if PROMTOOL.is_file():
+            checked = check_metrics(textfiles(ns) / "gpuops_job_job.prom")
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+
+        # The driver now asks for a reset of GPU 1, and the job dies: the node looks at once when it reaps it.
+        gpu.devices[1]["recovery_action"] = 1
+        gpu.save()
+        leader = ns.host_pid(first["pid"])
+        assert leader is not None
+        os.kill(leader, signal.SIGKILL)  # inside the namespace: the job this test started
+        crashed = wait_until(lambda: live(ns) if state_of(live(ns)) == "crashed" and gpu_word(live(ns), run, "1")
+                             == "gpu_reset" else None, timeout=DEADLINE, what="crashed with GPU 1 needing a reset",
+                             interval=0.2)
+        assert gpu_word(crashed, run, "0") == "none"
+        assert sample(crashed, "gpuops_gpu_recovery_action", **labels(run, gpu="1", uuid=gpu.devices[1]["uuid"])) == 1
 
 
 def test_a_finished_job_is_finished_in_the_live_file_and_a_start_without_metrics_dir_removes_it(ns: Target) -> None:

@@ -17,6 +17,35 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+# Error kinds, named after what the operator has to do about them.
+NOT_INSTALLED = "not_installed"
+LIBRARY_NOT_FOUND = "library_not_found"
+DRIVER_NOT_LOADED = "driver_not_loaded"
+NO_DEVICES = "no_devices"
+VERSION_MISMATCH = "version_mismatch"
+GPU_LOST = "gpu_lost"
+RESET_REQUIRED = "reset_required"
+NO_PERMISSION = "no_permission"
+HUNG = "hung"
+NVML_ERROR = "nvml_error"
+
+# NVML return codes (nvml.h); nvidia-smi uses the same numbers as exit codes.
+_KIND_BY_CODE = {
+    4: NO_PERMISSION,
+    6: NO_DEVICES,  # nvidia-smi: "No devices were found"
+    9: DRIVER_NOT_LOADED,
+    12: LIBRARY_NOT_FOUND,
+    15: GPU_LOST,
+    16: RESET_REQUIRED,
+    18: VERSION_MISMATCH,
+    28: GPU_LOST,  # NVML_ERROR_GPU_NOT_FOUND: the device went away
+}
+
+
+def kind_of_code(code: int) -> str:
+    return _KIND_BY_CODE.get(code, NVML_ERROR)
+
+
 # NVML return codes that mean "this read does not exist here", not a failure (nvml.h).
 _NOT_SUPPORTED = 3
 _INVALID_ARGUMENT = 2
@@ -59,14 +88,16 @@ def _remapped_rows(pynvml: Any, handle: Any) -> dict[str, int]:
 
 
 def _nvlink(pynvml: Any, handle: Any) -> dict[str, list[int]]:
-    """Links up and down; a link index the GPU does not have answers NOT_SUPPORTED or INVALID_ARGUMENT."""
+    """Links up and down. A GPU's links are numbered from 0 without gaps, and the first index it does not
+    have answers NOT_SUPPORTED or INVALID_ARGUMENT: the probe stops there (a GPU without NVLink costs one
+    call, not NVML_NVLINK_MAX_LINKS of them; an H100's 18 links cost 19)."""
     up, down = [], []
     for link in range(int(pynvml.NVML_NVLINK_MAX_LINKS)):
         try:
             state = pynvml.nvmlDeviceGetNvLinkState(handle, link)
         except pynvml.NVMLError as exc:
             if getattr(exc, "value", None) in (_NOT_SUPPORTED, _INVALID_ARGUMENT):
-                continue
+                break
             raise
         (up if state == pynvml.NVML_FEATURE_ENABLED else down).append(link)
     if not up and not down:
@@ -108,3 +139,46 @@ def gpu_health_reads(pynvml: Any, indices: list[int] | None) -> list[dict[str, A
         }
         gpus.append(entry)
     return gpus
+
+
+# --- the node's live look: this file run as a program ---------------------------------------------
+
+CHILD_USAGE = "usage: health_reads.py NVML_DIR|-  (prints one JSON line: {\"health\": [...]} or {\"error\": ...})"
+
+
+def child_main(argv: list[str]) -> int:
+    """The node's live health runs this file's private copy as a short-lived child (``python3 -I
+    health_reads.py NVML_DIR``) for each look: NVML is loaded there, never in the supervisor, and the
+    child is killed if the driver hangs. NVML_DIR is where the module found pynvml at the start
+    ("-": the interpreter's own path). One JSON line on stdout: the reads of every GPU, or the error."""
+    # pylint: disable=import-outside-toplevel
+    import json
+    import sys
+
+    if len(argv) != 1:
+        sys.stderr.write(CHILD_USAGE + "\n")
+        return 2
+    if argv[0] != "-":
+        sys.path.insert(0, argv[0])
+    try:
+        import pynvml  # pylint: disable=import-error
+    except ImportError as exc:
+        answer: dict[str, Any] = {"error": NOT_INSTALLED, "detail": f"import pynvml: {exc}"}
+    else:
+        try:
+            pynvml.nvmlInit()
+            try:
+                answer = {"health": gpu_health_reads(pynvml, None)}
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception as exc:  # pylint: disable=broad-except
+            code = getattr(exc, "value", None)
+            kind = kind_of_code(code) if isinstance(code, int) else NVML_ERROR
+            answer = {"error": kind, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys as _sys
+    raise SystemExit(child_main(_sys.argv[1:]))

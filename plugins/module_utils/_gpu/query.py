@@ -37,35 +37,25 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling impo
 # The highest minor number a GPU's own device file has (/dev/nvidia0 to /dev/nvidia247): see procfs.
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import MAX_GPU_MINOR
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_reads import gpu_health_reads
+# The error kinds live beside the health reads, which the node's live health copies (standard library only).
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health_reads import (  # noqa: F401 (re-exported)
+    NOT_INSTALLED,
+    LIBRARY_NOT_FOUND,
+    DRIVER_NOT_LOADED,
+    NO_DEVICES,
+    VERSION_MISMATCH,
+    GPU_LOST,
+    RESET_REQUIRED,
+    NO_PERMISSION,
+    HUNG,
+    NVML_ERROR,
+    gpu_health_reads,
+    kind_of_code,
+)
 
 MIB = 1024 * 1024
 
-# Error kinds, named after what the operator has to do about them.
-NOT_INSTALLED = "not_installed"
-LIBRARY_NOT_FOUND = "library_not_found"
-DRIVER_NOT_LOADED = "driver_not_loaded"
-NO_DEVICES = "no_devices"
-VERSION_MISMATCH = "version_mismatch"
-GPU_LOST = "gpu_lost"
-RESET_REQUIRED = "reset_required"
-NO_PERMISSION = "no_permission"
-HUNG = "hung"
-NVML_ERROR = "nvml_error"
-
 NO_GPU_KINDS = frozenset({NOT_INSTALLED, LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, NO_DEVICES})
-
-# NVML return codes (nvml.h); nvidia-smi uses the same numbers as exit codes.
-_KIND_BY_CODE = {
-    4: NO_PERMISSION,
-    6: NO_DEVICES,  # nvidia-smi: "No devices were found"
-    9: DRIVER_NOT_LOADED,
-    12: LIBRARY_NOT_FOUND,
-    15: GPU_LOST,
-    16: RESET_REQUIRED,
-    18: VERSION_MISMATCH,
-    28: GPU_LOST,  # NVML_ERROR_GPU_NOT_FOUND: the device went away
-}
 
 _ADVICE = {
     NOT_INSTALLED: "neither the NVML Python bindings (pip package nvidia-ml-py) nor nvidia-smi are installed on the target",
@@ -94,10 +84,6 @@ class GpuQueryError(Exception):
     @property
     def means_no_gpu(self) -> bool:
         return self.kind in NO_GPU_KINDS
-
-
-def kind_of_code(code: int) -> str:
-    return _KIND_BY_CODE.get(code, NVML_ERROR)
 
 
 @dataclass(frozen=True)
@@ -478,14 +464,9 @@ def parse_nvidia_smi(gpus_csv: str, apps_csv: str) -> list[GpuDevice]:
     return devices
 
 
-def parse_nvidia_smi_minor_numbers(xml_text: str) -> dict[str, tuple[int | None, str]]:
-    """By GPU UUID, (minor number, "") or (None, why it is not known), from ``nvidia-smi -q -x``.
-
-    Raises GpuQueryError for what is not that report: too large, not well-formed, another root, or
-    any entity declaration (the report has none; refusing them keeps expansion bombs out of the
-    parser; ElementTree fetches no external DTD). A GPU listed twice, or a minor number given to
-    two GPUs, proves nothing: those GPUs' numbers are not known.
-    """
+def _smi_log(xml_text: str) -> ElementTree.Element:
+    """The root of an ``nvidia-smi -q -x`` report; GpuQueryError for what is not that report (see
+    parse_nvidia_smi_minor_numbers)."""
     if len(xml_text) > MAX_OUTPUT_BYTES:
         raise GpuQueryError(NVML_ERROR, f"nvidia-smi -q -x output is larger than {MAX_OUTPUT_BYTES} bytes")
     if "<!ENTITY" in xml_text:
@@ -496,6 +477,89 @@ def parse_nvidia_smi_minor_numbers(xml_text: str) -> dict[str, tuple[int | None,
         raise GpuQueryError(NVML_ERROR, f"nvidia-smi -q -x output is not well-formed XML: {exc}") from exc
     if root.tag != "nvidia_smi_log":
         raise GpuQueryError(NVML_ERROR, f"nvidia-smi -q -x output is not an nvidia_smi_log: <{escape_controls(root.tag[:40])}>")
+    return root
+
+
+# What the report has no element for: NVML's recovery action and NVLink states (``nvidia-smi nvlink -s``).
+SMI_NOT_REPORTED = "nvidia-smi -q -x does not report it (install nvidia-ml-py on the target)"
+# The throttle (clocks event) reasons the report names, by the bit NVML gives them (health_judge.THROTTLE_WARNINGS).
+_SMI_THROTTLE_BITS = {"hw_slowdown": 0x8, "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80}
+
+
+def _smi_text(gpu: ElementTree.Element, path: str) -> str | None:
+    """The text at `path`, or None where the report has no such element or says N/A / Not Supported."""
+    text = (gpu.findtext(path) or "").strip()
+    return None if not text or text.startswith(("N/A", "[N/A", "Not Supported", "[Not Supported")) else text
+
+
+def _smi_read(value: Any, what: str) -> dict[str, Any]:
+    return {"value": value} if value is not None else {"unsupported": f"nvidia-smi -q -x gives no {what} for this GPU"}
+
+
+def _smi_count(gpu: ElementTree.Element, *paths: str) -> int | None:
+    """The sum of the counts at `paths` that the report gives; None where it gives none of them."""
+    counts = [int(text) for text in (_smi_text(gpu, path) for path in paths) if text is not None and text.isdigit()]
+    return sum(counts) if counts else None
+
+
+def _smi_yes(gpu: ElementTree.Element, *paths: str) -> bool | None:
+    answers = [text for text in (_smi_text(gpu, path) for path in paths) if text is not None]
+    return any(text.lower() == "yes" for text in answers) if answers else None
+
+
+def _smi_gpu_reads(gpu: ElementTree.Element) -> dict[str, dict[str, Any]]:
+    """One ``<gpu>``'s health reads as health_reads.gpu_health_reads gives them, from what the report has."""
+    rows = [_smi_count(gpu, f"remapped_rows/remapped_row_{name}") for name in ("corr", "unc")]
+    pending = _smi_yes(gpu, "remapped_rows/remapped_row_pending")
+    failure = _smi_yes(gpu, "remapped_rows/remapped_row_failure")
+    remapped = None if pending is None and failure is None else {
+        "corrected": rows[0] or 0, "uncorrected": rows[1] or 0, "pending": bool(pending), "failure": bool(failure)}
+    # Drivers before 535 say clocks_throttle_reasons/clocks_throttle_reason_*, later ones clocks_event_reasons.
+    throttle = None
+    for section, prefix in (("clocks_event_reasons", "clocks_event_reason_"), ("clocks_throttle_reasons", "clocks_throttle_reason_")):
+        if gpu.find(section) is not None:
+            throttle = 0
+            for name, bit in _SMI_THROTTLE_BITS.items():
+                if (_smi_text(gpu, f"{section}/{prefix}{name}") or "").lower() == "active":
+                    throttle |= bit
+            break
+    return {
+        "recovery_action": {"unsupported": SMI_NOT_REPORTED},
+        "remapped_rows": _smi_read(remapped, "remapped rows (before Ampere there are none)"),
+        "retired_pages_pending": _smi_read(_smi_yes(gpu, "retired_pages/pending_retirement", "retired_pages/pending_blacklist"),
+                                           "retired pages (Ampere and later remap rows instead)"),
+        # Volatile uncorrectable counts: DRAM and SRAM (driver 535+), or the older double-bit total.
+        "ecc_uncorrected_volatile": _smi_read(_smi_count(
+            gpu, "ecc_errors/volatile/dram_uncorrectable", "ecc_errors/volatile/sram_uncorrectable",
+            "ecc_errors/volatile/sram_uncorrectable_parity", "ecc_errors/volatile/sram_uncorrectable_secded",
+            "ecc_errors/volatile/double_bit/total"), "volatile ECC counts (ECC off, or not supported)"),
+        "nvlink": {"unsupported": SMI_NOT_REPORTED},
+        "throttle_reasons": _smi_read(throttle, "throttle reasons"),
+    }
+
+
+def parse_nvidia_smi_health(xml_text: str) -> dict[str, dict[str, Any]]:
+    """By GPU UUID, its PCI bus id and health reads (health_reads' format) from ``nvidia-smi -q -x``: remapped
+    rows, retired pages pending, volatile uncorrectable ECC counts, throttle reasons; the recovery action and
+    NVLink say the report has none. GpuQueryError for what is not that report."""
+    found: dict[str, dict[str, Any]] = {}
+    for gpu in _smi_log(xml_text).findall("gpu"):
+        uuid = (gpu.findtext("uuid") or "").strip()
+        if uuid:
+            bus = (gpu.findtext("pci/pci_bus_id") or gpu.get("id") or "").strip()
+            found[uuid] = {"pci_bus_id": escape_controls(bus[:40]), "reads": _smi_gpu_reads(gpu)}
+    return found
+
+
+def parse_nvidia_smi_minor_numbers(xml_text: str) -> dict[str, tuple[int | None, str]]:
+    """By GPU UUID, (minor number, "") or (None, why it is not known), from ``nvidia-smi -q -x``.
+
+    Raises GpuQueryError for what is not that report: too large, not well-formed, another root, or
+    any entity declaration (the report has none; refusing them keeps expansion bombs out of the
+    parser; ElementTree fetches no external DTD). A GPU listed twice, or a minor number given to
+    two GPUs, proves nothing: those GPUs' numbers are not known.
+    """
+    root = _smi_log(xml_text)
     found: dict[str, tuple[int | None, str]] = {}
     twice: set[str] = set()
     for gpu in root.findall("gpu"):
@@ -575,6 +639,15 @@ class NvidiaSmiSession:
             minor, why = minors.get(device.uuid, (None, "nvidia-smi -q -x does not list this GPU"))
             numbered.append(dataclasses.replace(device, minor_number=minor, minor_unknown=why))
         return numbered
+
+    def health(self, indices: list[int] | None = None) -> list[dict[str, Any]]:
+        """The health reads of the GPUs (all, or `indices`) from one ``nvidia-smi -q -x`` run, matched to the CSV
+        query's indices by UUID: the same entries as NvmlSession.health, with what the report cannot give
+        marked unsupported."""
+        devices = self.query(indices)
+        report = parse_nvidia_smi_health(self._run(QUERY_XML, Deadline(self.query_timeout, self.clock), merge_stderr=False))
+        missing = {"pci_bus_id": "", "reads": {}}
+        return [{"index": d.index, "uuid": d.uuid, "identity_errors": [], **report.get(d.uuid, missing)} for d in devices]
 
     def close(self) -> None:
         pass

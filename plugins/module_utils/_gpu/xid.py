@@ -27,9 +27,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line
+if not __package__:
+    # The private copy the node's live health reads the kernel log with (see _gpu/live_gpus.py).
+    from options import BadOption  # pylint: disable=import-error
+    from polling import Deadline  # pylint: disable=import-error
+    from terminal import decode_line  # pylint: disable=import-error
+else:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import decode_line
 
 # --- the table -------------------------------------------------------------------------------------
 

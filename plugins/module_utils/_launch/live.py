@@ -46,6 +46,16 @@ else:
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import health, jobfiles
 
 
+def _live_gpus() -> Any:
+    """The look at the job's GPUs, imported only for a job that names them (launch.json's live ``gpus``)."""
+    # pylint: disable=import-outside-toplevel
+    if not __package__:
+        import live_gpus  # pylint: disable=import-error
+    else:
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import live_gpus
+    return live_gpus
+
+
 def _textfile() -> Any:
     """The textfile writer, imported where a live file is named or written: train_launch imports this
     module on every run, and a job without metrics_dir never needs the writer."""
@@ -75,8 +85,10 @@ class LiveSettings:
     """What launch.json says about the live file: where, for which job, host and rank 0, and the stall rule."""
 
     def __init__(self, directory: str, job: str, host: str, progress_regex: str | None,
-                 stall_after: float | None, rank0: str | None = None) -> None:
+                 stall_after: float | None, rank0: str | None = None, gpus: dict[str, Any] | None = None) -> None:
         self.directory = directory
+        # The job's GPUs (train_launch's metrics_gpus, live_gpus.gpu_settings): None for a job without any named.
+        self.gpus = gpus
         self.job = job
         self.host = host
         # A start before the label existed stored none: the job is then taken as one host's.
@@ -127,7 +139,9 @@ def settings_of(launch: dict[str, Any] | None) -> LiveSettings | None:
     if not os.path.isabs(directory):
         return None
     regex, after = stall_rule(launch)
-    return LiveSettings(directory, job, host, regex, after, rank0 if isinstance(rank0, str) else None)
+    gpus = stored.get("gpus")
+    return LiveSettings(directory, job, host, regex, after, rank0 if isinstance(rank0, str) else None,
+                        gpus if isinstance(gpus, dict) and gpus.get("devices") else None)
 
 
 def live_path(launch: dict[str, Any] | None) -> str | None:
@@ -217,6 +231,7 @@ class Monitor:
         self.next_at = 0.0
         self.last_problem = ""
         self.seen: dict[str, Any] = {}  # the log as the last look read it (see assess)
+        self.gpu_watch: Any = None  # the look at the job's GPUs, made at the first refresh that has the run
 
     @classmethod
     def of_launch(cls, job_dir: str, launch: dict[str, Any] | None, **kwargs: Any) -> Monitor | None:
@@ -244,7 +259,8 @@ class Monitor:
                 textfile = _textfile()
                 text = textfile.render(textfile.live_metrics(self.settings.job, self.settings.host, report.as_dict(),
                                                              round(self.clock(), 3), rank0=self.settings.rank0,
-                                                             run=self.run_id))
+                                                             run=self.run_id,
+                                                             gpus=self.look_at_gpus(run, ended=report.state.value != "running")))
                 textfile.write_textfile(self.settings.directory, self.settings.file_name, text)
         except Exception as exc:  # pylint: disable=broad-except
             problem = "gpuops live health: cannot write %s: %s" % (self.settings.path, exc)
@@ -254,6 +270,16 @@ class Monitor:
             return None
         self.last_problem = ""
         return report.state.value
+
+    def look_at_gpus(self, run: dict[str, Any], ended: bool) -> dict[str, Any] | None:
+        """The job's GPUs as last seen (a new look when one is due, at most every live_gpus.GPU_PERIOD
+        seconds, in a child under a deadline; at once when the job has `ended`: the failure's alert and
+        the GPU's verdict reach Prometheus in one scrape); None for a job without GPUs named."""
+        if self.settings.gpus is None:
+            return None
+        if self.gpu_watch is None:
+            self.gpu_watch = _live_gpus().GpuWatch(self.job_dir, self.settings.gpus, health.epoch_of(run.get("started_at")))
+        return self.gpu_watch.look(now=ended)
 
     def finished(self) -> bool:
         """Whether this run's watch is over: it ended (exit record), or another run is recorded."""

@@ -167,6 +167,8 @@ class LaunchOptions:
     metrics_dir: str | None = None
     metrics_host: str | None = None
     metrics_rank0: str | None = None
+    # The job's GPUs (indices or UUIDs) whose health the live file also reports; () for none.
+    metrics_gpus: tuple[str, ...] = ()
     # state=stopped only: the run the caller's look saw ("" for none); a newer live run is left alone
     # (the run-id fence, tree.supersedes). None: no fence.
     expect_run_id: str | None = None
@@ -201,6 +203,11 @@ class LaunchOptions:
         if self.metrics_dir is not None:
             stored["live"] = {"dir": self.metrics_dir, "job": self.name, "host": self.metrics_host,
                               "rank0": self.metrics_rank0}
+            if self.metrics_gpus:
+                # pylint: disable-next=import-outside-toplevel
+                from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import live_gpus
+                gpus = live_gpus.gpu_settings(list(self.metrics_gpus), live_gpus.nvml_path_here())
+                stored["live"][live_gpus.GPUS_KEY] = gpus
         return stored
 
     @property
@@ -394,6 +401,26 @@ def _metrics_rank0(metrics_host: str | None, rank0: Any) -> str | None:
     return _hostname_label("metrics_rank0", rank0, "must be the inventory hostname of the job's rank 0")
 
 
+MAX_METRICS_GPUS = 64
+_GPU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,95}")
+
+
+def _metrics_gpus(metrics_dir: str | None, gpus: Any) -> tuple[str, ...]:
+    """The job's GPUs for the live file's GPU series (indices or UUIDs, as gpu_mem_wait's devices): only
+    with metrics_dir, at most MAX_METRICS_GPUS, each a GPU's index or UUID."""
+    if not gpus:
+        return ()
+    if metrics_dir is None:
+        raise BadOption("metrics_gpus", "needs metrics_dir: the GPUs' health goes into the job's live file")
+    names = tuple(str(gpu).strip() for gpu in gpus)
+    if len(names) > MAX_METRICS_GPUS:
+        raise BadOption("metrics_gpus", f"names {len(names)} GPUs; at most {MAX_METRICS_GPUS}")
+    bad = [name for name in names if not _GPU_NAME.fullmatch(name)]
+    if bad:
+        raise BadOption("metrics_gpus", f"entries must be GPU indices or UUIDs, got {bad[0][:40]!r}")
+    return names
+
+
 def _check_metrics_dir(metrics_dir: str) -> None:
     """node_exporter's directory: it exists (it is not created: a typo must not make a directory nobody
     reads) and can be written, reached without a symlink another user can change."""
@@ -537,6 +564,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     metrics_dir = checks.check(_absolute, "metrics_dir", params.get("metrics_dir") or None)
     metrics_host = checks.check(_metrics_host, metrics_dir, params.get("metrics_host"))
     metrics_rank0 = checks.check(_metrics_rank0, metrics_host, params.get("metrics_rank0"))
+    metrics_gpus = checks.check(_metrics_gpus, metrics_dir, params.get("metrics_gpus"))
     max_relaunches = None
     if params.get("max_relaunches") is not None:
         max_relaunches = checks.check(_count, "max_relaunches", params["max_relaunches"], 0, MAX_RELAUNCHES,
@@ -587,6 +615,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         metrics_dir=metrics_dir,
         metrics_host=metrics_host,
         metrics_rank0=metrics_rank0,
+        metrics_gpus=metrics_gpus or (),
         expect_run_id=expect_run_id,
     )
 

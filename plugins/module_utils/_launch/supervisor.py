@@ -81,6 +81,11 @@ else:
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import jobfiles
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import live
     from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics import textfile as _textfile
+    # The live look at the job's GPUs (metrics_gpus): copied next to the supervisor, run by the live file.
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import health_judge as _health_judge
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import health_reads as _health_reads
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import live_gpus as _live_gpus
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import xid as _xid
 
 PR_SET_CHILD_SUBREAPER = 36
 # The records' names, the marks and the file helpers are the module's too (see jobfiles.py): the
@@ -726,7 +731,8 @@ def private_copies() -> tuple:
     """(file name, module) of every file the private copy imports from beside itself: each is standard
     library only but for its neighbours here (it imports them by bare name when it has no package)."""
     return ((SAFEPATH_FILE, safepath), (JOBFILES_FILE, jobfiles), ("options.py", _options), ("terminal.py", _terminal),
-            ("verdict.py", _verdict), ("polling.py", _polling), ("health.py", _health), ("textfile.py", _textfile), (live.LIVE_FILE, live))
+            ("verdict.py", _verdict), ("polling.py", _polling), ("health.py", _health), ("textfile.py", _textfile), (live.LIVE_FILE, live),
+            ("xid.py", _xid), ("health_reads.py", _health_reads), ("health_judge.py", _health_judge), ("live_gpus.py", _live_gpus))
 
 
 def install_supervisor(job_dir: str) -> str:

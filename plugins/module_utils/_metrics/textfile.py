@@ -187,17 +187,52 @@ LIVE_FILE_PREFIX = "gpuops_job_"
 
 
 def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, rank0: str | None = None,
-                 run: str | None = None) -> list[Family]:
+                 run: str | None = None, gpus: Mapping[str, Any] | None = None) -> list[Family]:
     """The job's live file: its health as the node judged it at `now` (train_launch's health, as
     HealthReport.as_dict() says it), and when. Labelled as every series of the collection, with the
-    job's rank 0 (`rank0`; unset, `host`) and, where given, the run judged (`run`, its run_id)."""
+    job's rank 0 (`rank0`; unset, `host`) and, where given, the run judged (`run`, its run_id).
+    `gpus`: the job's GPUs as the node last looked at them (_gpu/live_gpus.GpuWatch.look), if it has any."""
     labels = {JOB_LABEL: job, HOST_LABEL: check_host(host), RANK0_LABEL: check_host(rank0 or host, "rank0")}
     if run:
         labels[RUN_LABEL] = check_run(run)
     families = _health_families(_mapping(health, "health"), labels, health.get("state"), "as the node judged it last")
     judged = Family(LIVE_TIMESTAMP_METRIC, "When the node last judged the job's health (its live file), in seconds since the epoch.")
     judged.add(now, **labels)
-    return families + [judged]
+    return families + [judged] + (_gpu_families(gpus, labels) if gpus else [])
+
+
+# What a GPU's verdict can be (gpu_health's words for one GPU), in the vocabulary's order.
+GPU_HEALTH_WORDS = tuple(word for word in ESCALATION_WORDS if word in ("none", "gpu_reset", "host_reboot", "host_action"))
+
+
+def _gpu_families(look: Mapping[str, Any], labels: Mapping[str, str]) -> list[Family]:
+    """The job's GPUs as the node last looked at them: per GPU (labels `gpu`, its index, and `uuid`) the
+    verdict (all four words, 1 for its own), NVML's recovery action, the last XID since the run started
+    and when, and whether it is quarantined (only where the quarantine record exists); per job, when the
+    look was and whether it answered. What a look could not read is left out, never guessed."""
+    health = Family("gpuops_gpu_health", "1 for what gpu_health's judgement says it takes to clear the GPU "
+                    "(none, gpu_reset, host_reboot, host_action), 0 for the others; as the node looked last.")
+    recovery = Family("gpuops_gpu_recovery_action", "NVML's recovery action for the GPU (0 none, 1 GPU reset, 2 node reboot, "
+                      "3 drain P2P, 4 drain and reset; driver 570+), where the driver gives it.")
+    last_xid = Family("gpuops_gpu_last_xid", "The XID of the GPU's last XID burst in the kernel's own log since the run started.")
+    last_xid_at = Family("gpuops_gpu_last_xid_timestamp_seconds", "When that last XID line was logged, in seconds since the epoch.")
+    quarantined = Family("gpuops_gpu_quarantined", "1 when the GPU is quarantined on this host, 0 when not; only where the "
+                         "quarantine record exists.")
+    for gpu in look.get("gpus") or []:
+        gpu_labels = {**labels, "gpu": "" if gpu.get("index") is None else str(gpu["index"]), "uuid": str(gpu.get("uuid") or "")}
+        for word in GPU_HEALTH_WORDS:
+            health.add(1.0 if gpu.get("escalation") == word else 0.0, **gpu_labels, escalation=word)
+        recovery.add(_step(gpu.get("recovery_action")), **gpu_labels)
+        last_xid.add(_step(gpu.get("last_xid")), **gpu_labels)
+        last_xid_at.add(_step(gpu.get("last_xid_at")), **gpu_labels)
+        if gpu.get("quarantined") is not None:
+            quarantined.add(1.0 if gpu["quarantined"] else 0.0, **gpu_labels)
+    answered = Family("gpuops_gpu_look_ok", "1 when the node's last look at the job's GPUs answered, 0 when it failed "
+                      "(NVML hung, not installed, a GPU lost before any could be read).")
+    answered.add(1.0 if look.get("ok") else 0.0, **labels)
+    looked = Family("gpuops_gpu_look_timestamp_seconds", "When the node last looked at the job's GPUs, in seconds since the epoch.")
+    looked.add(_step(look.get("at")), **labels)
+    return [health, recovery, last_xid, last_xid_at, quarantined, answered, looked]
 
 
 def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]], now: float,

@@ -51,6 +51,52 @@ def gpu_field(name, index, handle):
     return values[name] // MIB
 
 
+def _or_na(call, *args):
+    try:
+        return call(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def health_elements(handle):
+    """The report's health elements (driver 550's layout) from the simulated state: what gpu_health's
+    nvidia-smi fallback parses. N/A where the simulated NVML cannot give it, as the real tool prints."""
+    def text(value):
+        return "N/A" if value is None else str(value)
+
+    def yes(value):
+        return "N/A" if value is None else ("Yes" if value else "No")
+
+    bus = _or_na(pynvml.nvmlDeviceGetPciInfo, handle)
+    ecc = _or_na(pynvml.nvmlDeviceGetTotalEccErrors, handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                 pynvml.NVML_VOLATILE_ECC)
+    rows = _or_na(pynvml.nvmlDeviceGetRemappedRows, handle)
+    pages = _or_na(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+    reasons = _or_na(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
+
+    def active(bit):
+        return "N/A" if reasons is None else ("Active" if reasons & bit else "Not Active")
+
+    return ["\t\t<pci>", f"\t\t\t<pci_bus_id>{'N/A' if bus is None else bus.busId.decode()}</pci_bus_id>", "\t\t</pci>",
+            "\t\t<clocks_event_reasons>",
+            f"\t\t\t<clocks_event_reason_gpu_idle>{active(0x1)}</clocks_event_reason_gpu_idle>",
+            f"\t\t\t<clocks_event_reason_hw_slowdown>{active(0x8)}</clocks_event_reason_hw_slowdown>",
+            f"\t\t\t<clocks_event_reason_hw_thermal_slowdown>{active(0x40)}</clocks_event_reason_hw_thermal_slowdown>",
+            f"\t\t\t<clocks_event_reason_hw_power_brake_slowdown>{active(0x80)}</clocks_event_reason_hw_power_brake_slowdown>",
+            "\t\t</clocks_event_reasons>",
+            "\t\t<ecc_errors>", "\t\t\t<volatile>", "\t\t\t\t<sram_uncorrectable>0</sram_uncorrectable>",
+            f"\t\t\t\t<dram_uncorrectable>{text(ecc)}</dram_uncorrectable>", "\t\t\t</volatile>", "\t\t</ecc_errors>",
+            "\t\t<retired_pages>",
+            f"\t\t\t<pending_retirement>{yes(None if pages is None else pages == pynvml.NVML_FEATURE_ENABLED)}</pending_retirement>",
+            "\t\t</retired_pages>",
+            "\t\t<remapped_rows>",
+            f"\t\t\t<remapped_row_corr>{text(rows and rows[0])}</remapped_row_corr>",
+            f"\t\t\t<remapped_row_unc>{text(rows and rows[1])}</remapped_row_unc>",
+            f"\t\t\t<remapped_row_pending>{yes(rows and rows[2])}</remapped_row_pending>",
+            f"\t\t\t<remapped_row_failure>{yes(rows and rows[3])}</remapped_row_failure>",
+            "\t\t</remapped_rows>"]
+
+
 def xml_report(handles):
     """`nvidia-smi -q -x`: the real report's layout (nvsmi_device_v12.dtd), the parts simulated."""
     lines = ['<?xml version="1.0" ?>', '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">', "<nvidia_smi_log>",
@@ -78,7 +124,9 @@ def xml_report(handles):
             lines += ["\t\t\t<process_info>", f"\t\t\t\t<pid>{proc.pid}</pid>", "\t\t\t\t<type>C</type>",
                       "\t\t\t\t<process_name>python3 &lt;train.py&gt;</process_name>",
                       f"\t\t\t\t<used_memory>{used}</used_memory>", "\t\t\t</process_info>"]
-        lines += ["\t\t</processes>", "\t</gpu>"]
+        lines += ["\t\t</processes>"]
+        lines += health_elements(handle)
+        lines += ["\t</gpu>"]
     lines += ["", "</nvidia_smi_log>"]
     return lines
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import ESCALATION_WORDS, Escalation, worst
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import health, xid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import health, health_reads, query, xid
+from tests.harness.gpu_holder import STATE_ENV, sim_gpu
 
 BOOT = 1_767_225_600.0  # the epoch time of the kernel's timestamp 0 in these fixtures
 LINE79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
@@ -167,3 +170,83 @@ def test_bad_options_are_named_all_at_once():
     assert caught.value.options == ["devices", "since", "xid_overrides", "burst_window", "kernel_log_timeout"]
     good = dict(params, devices=[], since=-60, xid_overrides={}, burst_window=10, kernel_log_timeout=5)
     assert health.options_from_params(good, now=BOOT).since == BOOT - 60
+
+
+class _Links:
+    """NVML's NvLink calls as a driver answers them: `links` states (1 up, 0 down), then `past` for the
+    first index the GPU does not have; counts the calls."""
+
+    NVML_NVLINK_MAX_LINKS = 36
+    NVML_FEATURE_ENABLED = 1
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            super().__init__(value)
+            self.value = value
+
+    def __init__(self, links, past):
+        self.links, self.past, self.calls = links, past, 0
+
+    def nvmlDeviceGetNvLinkState(self, _handle, link):  # pylint: disable=invalid-name
+        self.calls += 1
+        if link >= len(self.links):
+            raise self.NVMLError(self.past)
+        return self.links[link]
+
+
+@pytest.mark.parametrize("links, past, calls", [([], 3, 1), ([1] * 18, 2, 19), ([1, 0, 1], 3, 4)])
+def test_nvlink_probing_stops_at_the_first_link_the_gpu_does_not_have(links, past, calls):
+    fake = _Links(links, past)
+    read = health_reads._read(fake, lambda: health_reads._nvlink(fake, None))  # pylint: disable=protected-access
+    assert fake.calls == calls
+    if links:
+        assert read["value"]["down"] == [i for i, up in enumerate(links) if not up]
+    else:
+        assert "unsupported" in read
+
+
+# --- the nvidia-smi fallback: the health fields of its -q -x report -------------------------------
+
+OLD_REPORT = """<?xml version="1.0" ?>
+<nvidia_smi_log><gpu id="00000000:3B:00.0"><uuid>GPU-old</uuid><pci><pci_bus_id>00000000:3B:00.0</pci_bus_id></pci>
+<clocks_throttle_reasons><clocks_throttle_reason_hw_slowdown>Active</clocks_throttle_reason_hw_slowdown>
+<clocks_throttle_reason_hw_power_brake_slowdown>Not Active</clocks_throttle_reason_hw_power_brake_slowdown></clocks_throttle_reasons>
+<ecc_errors><volatile><double_bit><device_memory>2</device_memory><total>2</total></double_bit></volatile></ecc_errors>
+<retired_pages><pending_retirement>Yes</pending_retirement></retired_pages>
+<remapped_rows>N/A</remapped_rows></gpu></nvidia_smi_log>"""
+
+
+def test_the_nvidia_smi_report_gives_the_health_reads_it_has_and_says_which_it_has_not():
+    """A V100-era report (driver before 535): throttle reasons under their old name, double-bit ECC totals,
+    retired pages pending, no remapped rows."""
+    [(uuid, entry)] = list(query.parse_nvidia_smi_health(OLD_REPORT).items())
+    assert uuid == "GPU-old" and entry["pci_bus_id"] == "00000000:3B:00.0"
+    reads = entry["reads"]
+    assert reads["throttle_reasons"] == {"value": 0x8}
+    assert reads["ecc_uncorrected_volatile"] == {"value": 2}
+    assert reads["retired_pages_pending"] == {"value": True}
+    assert "unsupported" in reads["remapped_rows"] and "unsupported" in reads["recovery_action"]
+    judged = health.judge_reads({"index": 0, "uuid": uuid, **entry})
+    assert judged.escalation == Escalation.GPU_RESET
+    assert {f.kind for f in judged.judgement.findings} >= {"ecc_errors", "retired_pages", "throttle"}
+
+
+def test_the_nvidia_smi_fallback_reads_the_simulated_drivers_health_through_the_real_tools_report(tmp_path):
+    """The fake nvidia-smi (a real process) prints the report from the simulated NVML; the fallback's
+    entries judge as NVML's would for what the report has."""
+    with sim_gpu(devices=2) as gpu:
+        gpu.devices[1].update(remapped_rows=[3, 1, 1, 0], ecc_uncorrected_volatile=4, throttle_reasons=0x80)
+        gpu.save()
+        os.environ[STATE_ENV] = str(gpu.state_path)
+        try:
+            session = query.NvidiaSmiSession(os.path.join(gpu.fake_nvidia_smi_path(), "nvidia-smi"), 30)
+            entries = session.health(None)
+        finally:
+            del os.environ[STATE_ENV]
+    assert [e["index"] for e in entries] == [0, 1]
+    assert entries[1]["pci_bus_id"] == "00000000:3C:00.0"
+    assert entries[1]["reads"]["remapped_rows"]["value"] == {"corrected": 3, "uncorrected": 1, "pending": True, "failure": False}
+    assert entries[1]["reads"]["ecc_uncorrected_volatile"] == {"value": 4}
+    assert entries[1]["reads"]["throttle_reasons"] == {"value": 0x80}
+    assert entries[0]["reads"]["retired_pages_pending"] == {"value": False}
+    assert [health.judge_reads(e).escalation for e in entries] == [Escalation.NONE, Escalation.GPU_RESET]

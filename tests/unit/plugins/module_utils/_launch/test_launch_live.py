@@ -221,3 +221,10 @@ def test_a_zombie_main_process_is_not_alive(tmp_path) -> None:
         assert live._identity_alive({"pid": True, "starttime": 1}) is False
     finally:
         child.wait()
+
+
+@pytest.mark.parametrize("gpus, kept", [({"devices": ["0"], "nvml_path": None}, True), ({"devices": []}, False),
+                                        (["0"], False), (None, False)])
+def test_the_jobs_gpus_are_looked_at_only_where_the_start_named_some(gpus, kept) -> None:
+    settings = live.settings_of({"run_id": "r", "live": {"dir": "/m", "job": "j", "host": "h", "gpus": gpus}})
+    assert settings is not None and (settings.gpus is not None) == kept

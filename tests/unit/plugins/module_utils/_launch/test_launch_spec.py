@@ -316,3 +316,20 @@ def test_expect_run_id_is_a_run_id_or_empty_and_only_for_a_stop(tmp_path) -> Non
         options_from_params(params(tmp_path, expect_run_id="3f2a9c0e"))
     assert caught.value.options == ["expect_run_id"]
     assert "expect_run_id: only with state=stopped (the run a stop is for), not with state=started" in str(caught.value)
+
+
+def test_the_jobs_gpus_go_into_the_live_settings_with_where_pynvml_was_found(tmp_path) -> None:
+    options = options_from_params(params(tmp_path, metrics_dir=str(tmp_path), metrics_host="h", metrics_gpus=["0", "GPU-a"]))
+    stored = options.stored_health()["live"]["gpus"]
+    assert stored["devices"] == ["0", "GPU-a"] and ("nvml_path" in stored)
+    assert "gpus" not in options_from_params(params(tmp_path, metrics_dir=str(tmp_path), metrics_host="h")).stored_health()["live"]
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"metrics_gpus": ["0"]}, "needs metrics_dir"),
+    ({"metrics_dir": "/m", "metrics_host": "h", "metrics_gpus": ["0", "{{ x }}"]}, "GPU indices or UUIDs"),
+    ({"metrics_dir": "/m", "metrics_host": "h", "metrics_gpus": [str(i) for i in range(65)]}, "at most 64"),
+])
+def test_metrics_gpus_that_cannot_work_are_named(tmp_path, extra, why) -> None:
+    with pytest.raises(OptionsInvalid, match=f"^metrics_gpus: .*{why}"):
+        options_from_params(params(tmp_path, **extra))

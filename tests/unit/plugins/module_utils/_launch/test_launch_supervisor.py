@@ -231,8 +231,16 @@ def test_the_private_copy_runs_alone_with_its_jobfiles_and_safepath(tmp_path) ->
     job_dir = tmp_path / "job"
     job_dir.mkdir(mode=0o700)
     script = install_supervisor(str(job_dir))
-    assert sorted(os.listdir(job_dir)) == ["health.py", "jobfiles.py", "live.py", "options.py", "polling.py",
-                                           "safepath.py", "supervisor.py", "terminal.py", "textfile.py", "verdict.py"]
+    assert sorted(os.listdir(job_dir)) == ["health.py", "health_judge.py", "health_reads.py", "jobfiles.py", "live.py",
+                                           "live_gpus.py", "options.py", "polling.py", "safepath.py", "supervisor.py",
+                                           "terminal.py", "textfile.py", "verdict.py", "xid.py"]
+    # The live look at the job's GPUs imports alone from the copies too, and its NVML child runs alone.
+    alone = subprocess.run([sys.executable, "-I", "-B", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import live_gpus, live",
+                            str(job_dir)], env={}, cwd="/", capture_output=True, text=True, timeout=60, check=False)
+    assert alone.returncode == 0, alone.stderr
+    child = subprocess.run([sys.executable, "-I", str(job_dir / "health_reads.py"), str(tmp_path)], env={}, cwd="/",
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert child.returncode == 0 and "error" in json.loads(child.stdout), child.stdout + child.stderr
     for name in os.listdir(job_dir):
         assert (job_dir / name).stat().st_mode & 0o777 == 0o600
     # -I and an empty environment, from /: no collection, no PYTHONPATH, nothing but the copies.
