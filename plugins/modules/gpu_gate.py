@@ -95,7 +95,7 @@ options:
     default: 0
   clear_quarantine:
     description:
-      - A person says the quarantined GPUs are fixed: clear the record before the look (a GPU still found
+      - A person says the quarantined GPUs are fixed, so clear the record before the look (a GPU still found
         bad is quarantined again). XIDs from before the clearing no longer count.
     type: bool
     default: false
