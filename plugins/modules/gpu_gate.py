@@ -155,6 +155,12 @@ visible:
   type: list
   elements: str
   sample: []
+visible_indices:
+  description: The indices of RV(visible), in the same order.
+  returned: unless the options were refused
+  type: list
+  elements: int
+  sample: []
 cuda_visible_devices:
   description: RV(visible) as the job's C(CUDA_VISIBLE_DEVICES) (empty when the gate leaves none out).
   returned: unless the options were refused

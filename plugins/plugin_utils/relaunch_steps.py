@@ -18,6 +18,8 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
 
 # The gate's answers (module gpu_gate, plugins/module_utils/_gpu/gate.py).
 REFUSE, SKIP = "refuse", "skip"
+# gpu_mem_wait's error_kind for a GPU the hardware must fix (query.GPU_LOST, query.RESET_REQUIRED): the gate's to judge.
+GPU_HARDWARE_ERRORS = ("gpu_lost", "reset_required")
 
 # Runs a step's module on the target: (module, the options this step gives, with the drain's environment)
 # -> its result. The other options come from the role variables (plugin_utils/role_vars).
@@ -65,12 +67,17 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
     steps["cleanup"] = run("zombie_reap", fence, False)
     if _failed(steps["cleanup"]):
         return failed("cleanup", steps["cleanup"])
+    hardware = False
     if not superseded(steps["cleanup"]):
         steps["drain"] = run("gpu_mem_wait", {}, True)
+        # A GPU lost or requiring a reset stops the drain's query: the gate judges that GPU (and may leave it out).
+        hardware = bool(steps["drain"].get("failed")) and steps["drain"].get("error_kind") in GPU_HARDWARE_ERRORS
         # A timeout is an answer (with its escalation) for the clearance; a broken query or a bad option is not.
-        if steps["drain"].get("unreachable") or (steps["drain"].get("failed") and "escalation" not in steps["drain"]):
+        if steps["drain"].get("unreachable") or (
+                steps["drain"].get("failed") and "escalation" not in steps["drain"] and not hardware):
             return failed("drain", steps["drain"])
-    steps["clearance"] = clearance(steps["cleanup"], steps["drain"] or {}, reset_allowed, False, check_mode, host)
+    steps["clearance"] = clearance(steps["cleanup"], {} if hardware else steps["drain"] or {}, reset_allowed, False,
+                                   check_mode, host)
     if steps["clearance"]["blocked"]:
         return failed("clearance", {}, steps["clearance"]["blocked"])
     if steps["clearance"]["reset"]:
@@ -81,6 +88,14 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
     if steps["gate"].get("outcome") == REFUSE:
         outcome["refused"] = gate_refusal(host, steps["gate"])
         return outcome
+    if hardware:
+        # The drain stopped at the bad GPU; the gate left it out: the drain looks again at the GPUs the job gets.
+        if not steps["gate"].get("visible"):
+            return failed("drain", steps["drain"])
+        # By index: gpu_mem_wait then reads only those, not the bad GPU (which would stop it again).
+        steps["drain"] = run("gpu_mem_wait", {"devices": [str(i) for i in steps["gate"].get("visible_indices") or []]}, True)
+        if _failed(steps["drain"]) or steps["drain"].get("released") is False:
+            return failed("drain", steps["drain"])
     if steps["gate"].get("cuda_visible_devices"):
         outcome["launch_env"] = dict(launch_env or {}, CUDA_VISIBLE_DEVICES=steps["gate"]["cuda_visible_devices"])
     if outcome["reset"] or not launch:

@@ -278,6 +278,8 @@ VARIABLES: tuple[RoleVar, ...] = (
                    "target owns its GPUs (a bare host).",)),
     RoleVar("job_launch_min_gpus", "gpu_gate", "min_gpus", roles=("relaunch",),
             notes=("Unset, the job needs every GPU it was given: a bad one refuses it.",)),
+    RoleVar("relaunch_gpu_xid_since", "gpu_gate", "since", default=-3600,
+            notes=("Unlike the module (everything the kernel still holds), the role counts the last hour's XIDs.",)),
     RoleVar("relaunch_gpu_quarantine_clear", "gpu_gate", "clear_quarantine", default=False,
             notes=("The way past a quarantine once a person has fixed the GPU (as O(job_launch_reset_guard) is past "
                    "the crash-loop guard); set it for the one run, on the host named.",)),

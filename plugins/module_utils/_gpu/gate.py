@@ -81,7 +81,7 @@ def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any
     """The gate's answer for one look. Keys: ``outcome`` (launch, reset, refuse), ``escalation`` (the worst of
     the bad GPUs', or the host's), ``bad`` (each bad GPU's evidence, ``quarantined`` true for one an earlier
     run quarantined), ``reset`` (the indices to reset, outcome reset), ``visible`` (the UUIDs the job launches
-    on when the gate leaves GPUs out, else []), ``quarantine`` (the evidence of the GPUs to quarantine now),
+    on when the gate leaves GPUs out, else []; ``visible_indices`` their indices), ``quarantine`` (the evidence of the GPUs to quarantine now),
     ``why`` (one sentence)."""
     gpus = [gpu for gpu in health.get("gpus") or [] if isinstance(gpu, Mapping)]
     good: list[Mapping[str, Any]] = []
@@ -99,6 +99,7 @@ def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any
     host_level = _level(health.get("escalation"))
     gpu_level = worst(_level(entry["escalation"]) for entry in bad)
     answer: dict[str, Any] = {"outcome": LAUNCH, "escalation": gpu_level.value, "bad": bad, "reset": [], "visible": [],
+                              "visible_indices": [],
                               "quarantine": [entry for entry in bad if not entry["quarantined"]], "why": ""}
     if host_level.rank > gpu_level.rank or (not gpus and host_level != Escalation.NONE):
         # A finding no listed GPU carries: nothing to route around.
@@ -116,8 +117,8 @@ def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any
                     why=f"{', '.join(_named(e) for e in resettable)} need(s) a GPU reset, which the inventory allows")
     said = "; ".join(_said(entry) for entry in bad)
     if policy.min_gpus > 0 and len(good) >= policy.min_gpus:
-        visible = [str(gpu.get("uuid")) for gpu in sorted(good, key=lambda gpu: gpu.get("index") or 0)]
-        return dict(answer, visible=visible,
+        kept = sorted(good, key=lambda gpu: gpu.get("index") or 0)
+        return dict(answer, visible=[str(gpu.get("uuid")) for gpu in kept], visible_indices=[gpu.get("index") for gpu in kept],
                     why=f"launched on {len(good)} healthy GPU(s) of {len(gpus)} (job_launch_min_gpus {policy.min_gpus}), "
                         f"without {said}")
     return dict(answer, outcome=REFUSE, why=f"{said}{_unless(bad, good, policy, reset_done)}")

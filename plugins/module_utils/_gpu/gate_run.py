@@ -108,7 +108,7 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
             raise
         health = dict(no_gpu_health(options.health, str(exc)).as_dict(), backend="none")
         return {"outcome": SKIP, "why": f"no NVIDIA GPU on this host (gpus_required=false): the gate is skipped: {exc}",
-                "gpu_present": False, "health": health, "escalation": "none", "bad": [], "visible": [],
+                "gpu_present": False, "health": health, "escalation": "none", "bad": [], "visible": [], "visible_indices": [],
                 "cuda_visible_devices": "", "reset": [], "quarantined": [], "quarantine_cleared": cleared,
                 "changed": changed and not check_mode, "elapsed": round(time.monotonic() - began, 3),
                 **_written(options, record, changed, check_mode)}
@@ -137,7 +137,7 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
         changed = True
     return {"outcome": decision["outcome"], "why": decision["why"], "gpu_present": True, "health": health,
             "health_after": health_after, "escalation": decision["escalation"], "bad": decision["bad"],
-            "visible": decision["visible"], "cuda_visible_devices": cuda_visible_devices(decision["visible"]),
+            "visible": decision["visible"], "visible_indices": decision["visible_indices"], "cuda_visible_devices": cuda_visible_devices(decision["visible"]),
             "reset": resets, "quarantined": sorted(record["gpus"]), "quarantine_cleared": cleared,
             "changed": changed and not check_mode, "elapsed": round(time.monotonic() - began, 3),
             **_written(options, record, changed, check_mode)}

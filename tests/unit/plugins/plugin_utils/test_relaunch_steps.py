@@ -158,3 +158,28 @@ def test_no_gpu_on_the_host_skips_the_gate_without_a_module_run() -> None:
     outcome = relaunch_steps(run, DECISION, False, False, "h1")
     assert "gpu_gate" not in run.modules and run.modules[-1] == "train_launch"
     assert outcome["steps"]["gate"]["outcome"] == "skip" and "gpu_drain_gpus_required false" in outcome["steps"]["gate"]["why"]
+
+
+LOST = {"failed": True, "error_kind": "gpu_lost", "released": False, "msg": "GPU query failed: GPU 1 is lost"}
+
+
+def test_a_lost_gpu_that_stops_the_drain_is_the_gates_to_judge() -> None:
+    run = Replay(drain=LOST, gate={"changed": True, "outcome": "refuse", "escalation": "host_reboot", "why": "GPU 1 lost",
+                                   "bad": [], "visible": []})
+    outcome = relaunch_steps(run, DECISION, False, False, "h1")
+    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait", "gpu_gate"]
+    assert outcome["failure"] is None and "The GPUs need host_reboot: GPU 1 lost" in outcome["refused"]
+
+
+def test_left_out_by_the_gate_the_drain_looks_again_at_the_gpus_the_job_gets() -> None:
+    answers = iter([LOST, RELEASED])
+    run = Replay(gate=dict(HEALTHY, visible=["GPU-0"], visible_indices=[0], cuda_visible_devices="GPU-0"))
+
+    def replay(module: str, options: Mapping[str, Any], env: bool) -> dict[str, Any]:
+        if module == "gpu_mem_wait":
+            run.ran.append((module, dict(options), env))
+            return dict(next(answers))
+        return run(module, options, env)
+    outcome = relaunch_steps(replay, DECISION, False, False, "h1")
+    assert [entry[:2] for entry in run.ran if entry[0] == "gpu_mem_wait"] == [("gpu_mem_wait", {}), ("gpu_mem_wait", {"devices": ["0"]})]
+    assert outcome["failure"] is None and run.ran[-1][1]["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-0"}

@@ -66,7 +66,7 @@ def test_what_a_reset_cannot_clear_is_refused_even_where_resets_are_allowed(faul
 
 def test_a_job_with_a_minimum_launches_on_the_healthy_gpus_by_uuid():
     answer = gate.decide(look({}, REBOOT, {}), {}, gate.GatePolicy(min_gpus=2))
-    assert (answer["outcome"], answer["visible"]) == ("launch", ["GPU-0", "GPU-2"])
+    assert (answer["outcome"], answer["visible"], answer["visible_indices"]) == ("launch", ["GPU-0", "GPU-2"], [0, 2])
     assert [bad["index"] for bad in answer["quarantine"]] == [1]
     assert gate.cuda_visible_devices(answer["visible"]) == "GPU-0,GPU-2"
     # Too few left: refused, naming the GPU.
