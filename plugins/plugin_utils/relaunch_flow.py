@@ -561,9 +561,11 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         summary["why"] += (f"; but when this run launched, the job already ran with this spec (pid {job.get('pid')}), "
                            f"started meanwhile by another run: this run started nothing")
     # The GPU gate (after the drain, before the launch): its refusal is the run's refusal, as the crash-loop guard's is.
+    # Nothing of this host runs after it, so a failure beside it is the refusal itself (a rank's joint decision
+    # fails its task with it, to keep the other ranks at their barrier).
     summary["gpu_gate"] = gate_summary(gate)
-    if gate.get("outcome") == "refuse" and failure is None:
-        summary.update(action=REFUSED, relaunched=False, why=f"the GPU gate refused: {gate.get('why')}")
+    if gate.get("outcome") == "refuse":
+        summary.update(action=REFUSED, relaunched=False, failed=None, why=f"the GPU gate refused: {gate.get('why')}")
     summary["after"] = after_action(summary, launch)
     # The job's live file (train_launch's metrics_dir), where the run now recorded keeps one: it owns the
     # job's health series, so the relaunch's own metrics leave them out (see _metrics/textfile.py).

@@ -665,3 +665,10 @@ def test_a_gate_refusal_is_the_runs_refusal_and_the_host_fails_with_the_evidence
     assert message.startswith("h1: not relaunching. The GPUs need host_reboot: GPU 1: XID 79.")
     assert "GPU 1 GPU-1 00000000:3C:00.0: host_reboot" in message and "XID 79 at 5.0" in message
     assert "Nothing was stopped" not in message and "\x1b" not in message
+
+
+def test_a_ranks_gate_refusal_that_failed_its_task_is_still_the_refusal():
+    results = {"probe": {"health": {"state": "crashed"}}, "decision": {"action": "relaunch", "why": "crashed"},
+               "cleanup": {"escalation": "none"}, "drain": {"released": True}, "gate": GATE_REFUSED}
+    summary = flow.host_summary("h1", False, results, "Check the GPUs' hardware before the launch: h1: ...", {"index": 1})
+    assert flow.fleet_status(summary) == "refused" and summary["failed"] is None
