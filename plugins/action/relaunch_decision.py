@@ -156,6 +156,7 @@ class ActionModule(CheckedAction):
         quarantine record beside the jobs' state directories, and the drain's GPUs and way of reading them."""
         drain = options_from_variables("gpu_mem_wait", self._templar.template, task_vars)
         options = {key: drain[key] for key in ("devices", "backend", "gpus_required") if key in drain}
+        options["job_name"] = str(job.get("name") or "")
         if "query_timeout" in drain:
             options["query_timeout"] = min(float(drain["query_timeout"]), MAX_GATE_QUERY_TIMEOUT)
         if job.get("state_dir"):
@@ -181,8 +182,22 @@ class ActionModule(CheckedAction):
         if rank is not None:
             # A rank of a multi-rank job gets MASTER_ADDR, MASTER_PORT, NODE_RANK and NNODES: part of the spec.
             options["env"] = dict(options.get("env") or {}, **rank.env())
+        visible = self._launched_on(options, task_vars)
+        if visible:
+            # The GPU gate launched it without a bad GPU: that CUDA_VISIBLE_DEVICES is part of the spec it runs with.
+            options["env"] = dict(options.get("env") or {}, CUDA_VISIBLE_DEVICES=visible)
         options.update(state="probe", force=args["force"])
         return options
+
+    def _launched_on(self, job: Mapping[str, Any], task_vars: dict[str, Any]) -> str:
+        """The CUDA_VISIBLE_DEVICES the GPU gate last gave this job ("" where it left no GPU out). Only a job that
+        declared it can run on fewer GPUs (job_launch_min_gpus) can have one: only it pays this module run."""
+        gate = options_from_variables("gpu_gate", self._templar.template, task_vars)
+        if not gate.get("min_gpus"):
+            return ""
+        answer = self._execute_module(module_name="gpuops.relaunch.gpu_gate", task_vars=task_vars, module_args=dict(
+            self._gate_options(job, task_vars), record_only=True, job_name=str(job.get("name") or "")))
+        return str(answer.get("cuda_visible_devices") or "") if not answer.get("failed") else ""
 
     def _fail(self, result: dict[str, Any], host: str, probe: dict[str, Any] | None, msg: str,
               args: Mapping[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:

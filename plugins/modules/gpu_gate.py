@@ -103,6 +103,20 @@ options:
     description: How long to wait for a GPU to be free before its reset, in seconds (more than 0, at most 600).
     type: float
     default: 30
+  job_name:
+    description:
+      - The job this gate is for. Where the gate leaves GPUs out, the record notes the job's
+        RV(cuda_visible_devices) (and forgets it when the job gets every GPU again), for O(record_only).
+    type: str
+    default: ""
+  record_only:
+    description:
+      - Only read the record - RV(cuda_visible_devices) is what the gate last gave O(job_name) and RV(quarantined)
+        the quarantined GPUs; no look at the GPUs, nothing written, RV(outcome) is V(record). The relaunch does
+        this before its probe for a job with O(min_gpus), so that the probe compares the running job's
+        environment with that variable in it.
+    type: bool
+    default: false
 notes:
   - O(query_timeout) is at most 600 seconds for this module.
 seealso:
@@ -126,7 +140,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 outcome:
-  description: V(launch), V(refuse) or V(skip) (no GPU, O(gpus_required=false)).
+  description: V(launch), V(refuse), V(skip) (no GPU, O(gpus_required=false)) or V(record) (O(record_only)).
   returned: unless the options were refused
   type: str
   sample: refuse
@@ -241,6 +255,8 @@ def main() -> None:
             "min_gpus": {"type": "int", "default": 0},
             "clear_quarantine": {"type": "bool", "default": False},
             "reset_timeout": {"type": "float", "default": 30},
+            "job_name": {"type": "str", "default": ""},
+            "record_only": {"type": "bool", "default": False},
             **gpu_backend_spec(),
         },
         supports_check_mode=True,

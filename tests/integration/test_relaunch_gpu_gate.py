@@ -7,7 +7,7 @@ machine (local connections), each a job of its own and a simulated driver of its
 * gnoreset: the same GPU, resets not allowed (the default) -> refused, GPU 1 quarantined, nothing reset;
 * glost: GPU 1 lost (NVML error 15) -> refused as host_reboot with the evidence, the crash-loop guard unchanged;
 * gmin: GPU 1 lost, the job can run on 2 of 3 -> relaunched on GPUs 0 and 2, named by UUID in the job's
-  CUDA_VISIBLE_DEVICES (read from /proc/PID/environ).
+  CUDA_VISIBLE_DEVICES (read from /proc/PID/environ); a second run leaves it (and gok) running unchanged.
 
 The simulated GPUs sit on buses no other test writes XID lines for, and the XID cut-off is this test's start
 (relaunch_gpu_xid_since): the kernel log is the machine's, and other tests write XID lines into it.
@@ -79,6 +79,9 @@ def test_the_gate_relaunches_resets_routes_around_and_refuses_with_the_evidence(
             environs = {host: environ(found[host]["job"]["pid"]) for host in ("gok", "greset", "gmin")
                         if found[host]["relaunched"]}
             uuids = {host: [device["uuid"] for device in gpu.devices] for host, gpu in gpus.items()}
+            # Run again on the two that run: the job on fewer GPUs is healthy with the spec it was launched with
+            # (the probe reads the gate's CUDA_VISIBLE_DEVICES from the record), so nothing is restarted.
+            again = run_playbook(PLAYBOOK, inventory=str(inventory), timeout=300, extra_args=["--limit", "gok,gmin"])
         finally:
             run_playbook([{"name": "stop", "hosts": "all", "gather_facts": False, "tasks": [
                 {"name": "Stop", "gpuops.relaunch.train_launch": {
@@ -117,3 +120,7 @@ def test_the_gate_relaunches_resets_routes_around_and_refuses_with_the_evidence(
 
     assert fewer["relaunched"] is True and fewer["gpu_gate"]["visible"] == [uuids["gmin"][0], uuids["gmin"][2]], fewer["failed"]
     assert environs["gmin"]["CUDA_VISIBLE_DEVICES"] == f"{uuids['gmin'][0]},{uuids['gmin'][2]}"
+
+    assert again.rc == 0, again.stdout[-3000:]
+    for host in ("gok", "gmin"):
+        assert again.summary(host)["status"] == "unchanged" and again.summary(host)["job"]["pid"] == found[host]["job"]["pid"]

@@ -34,6 +34,8 @@ class GateOptions:
     state_dir: str
     clear_quarantine: bool
     reset_timeout: float
+    job_name: str
+    record_only: bool
     gpus_required: bool
     backend: str
     nvidia_smi: str
@@ -59,7 +61,7 @@ def gate_options(params: Mapping[str, Any]) -> GateOptions:
     node = str(params["reset_node"] or "")
     policy = GatePolicy(reset_allowed=bool(params["reset_allowed"]), reset_here=not node, owner=node, min_gpus=int(min_gpus))
     return GateOptions(health, policy, state_dir, bool(params["clear_quarantine"]), float(timeout),  # type: ignore[arg-type]
-                       bool(params["gpus_required"]), str(params["backend"]), str(params["nvidia_smi"]),
+                       str(params["job_name"] or ""), bool(params["record_only"]), bool(params["gpus_required"]), str(params["backend"]), str(params["nvidia_smi"]),
                        float(params["query_timeout"]))
 
 
@@ -93,6 +95,12 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
     required; quarantine.QuarantineError where the record is not sound."""
     began = time.monotonic()
     record = quarantine.read(options.state_dir)
+    if options.record_only:
+        # Only what the record says (no look, nothing written): the relaunch's probe reads the job's launch.
+        return {"outcome": "record", "why": "the quarantine record, read only", "quarantined": sorted(record["gpus"]),
+                "cuda_visible_devices": quarantine.launched_on(record, options.job_name), "changed": False,
+                "elapsed": round(time.monotonic() - began, 3),
+                "quarantine_record": f"{options.state_dir.rstrip('/')}/{quarantine.RECORD}"}
     cleared: list[str] = []
     changed = False
     if options.clear_quarantine and (record["gpus"] or not record.get("cleared_at")):
@@ -135,6 +143,10 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
     if decision["quarantine"]:
         record = quarantine.added(record, decision["quarantine"])
         changed = True
+    if options.job_name and decision["outcome"] == LAUNCH:
+        noted = quarantine.with_launch(record, options.job_name, cuda_visible_devices(decision["visible"]))
+        changed = changed or noted != record
+        record = noted
     return {"outcome": decision["outcome"], "why": decision["why"], "gpu_present": True, "health": health,
             "health_after": health_after, "escalation": decision["escalation"], "bad": decision["bad"],
             "visible": decision["visible"], "visible_indices": decision["visible_indices"], "cuda_visible_devices": cuda_visible_devices(decision["visible"]),

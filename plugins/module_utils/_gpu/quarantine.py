@@ -93,6 +93,23 @@ def with_resets(record: Mapping[str, Any], uuids: list[str], now: float | None =
     return dict(record, resets=dict(record.get("resets") or {}, **{uuid: stamp for uuid in uuids if uuid}))
 
 
+def with_launch(record: Mapping[str, Any], job: str, visible: str) -> dict[str, Any]:
+    """The record noting the CUDA_VISIBLE_DEVICES the gate gave `job` ("" or no job: every GPU, nothing noted).
+    The relaunch reads it before its probe, so that the probe compares the job's spec with that variable in it."""
+    launched = dict(record.get("launched") or {})
+    if visible:
+        launched[job] = visible
+    else:
+        launched.pop(job, None)
+    return dict(record, launched=launched)
+
+
+def launched_on(record: Mapping[str, Any], job: str) -> str:
+    """The CUDA_VISIBLE_DEVICES the gate last gave `job` ("" when it left no GPU out)."""
+    value = (record.get("launched") or {}).get(job) if isinstance(record.get("launched"), dict) else None
+    return value if isinstance(value, str) else ""
+
+
 def last_reset(record: Mapping[str, Any]) -> float:
     """When a GPU of this host was last reset by the gate (0: never)."""
     times = [value for value in (record.get("resets") or {}).values() if isinstance(value, (int, float))]

@@ -114,3 +114,9 @@ def test_a_gpu_whose_device_file_is_unknown_is_never_reset():
     device = GpuDevice(index=0, uuid="GPU-0", name="", total_bytes=0, used_bytes=0, minor_unknown="no minor")
     answer = reset.reset_gpu(0, lambda: device, "/bin/true", 1.0)
     assert not answer.done and "no look can prove that nothing holds it" in answer.why
+
+
+def test_the_record_notes_the_gpus_a_job_was_launched_on_and_forgets_them_when_it_gets_all_again():
+    record = quarantine.with_launch({"gpus": {}}, "llm", "GPU-0,GPU-2")
+    assert quarantine.launched_on(record, "llm") == "GPU-0,GPU-2" and quarantine.launched_on(record, "other") == ""
+    assert quarantine.launched_on(quarantine.with_launch(record, "llm", ""), "llm") == ""
