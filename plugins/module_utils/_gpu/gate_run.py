@@ -61,8 +61,8 @@ def gate_options(params: Mapping[str, Any]) -> GateOptions:
     node = str(params["reset_node"] or "")
     policy = GatePolicy(reset_allowed=bool(params["reset_allowed"]), reset_here=not node, owner=node, min_gpus=int(min_gpus))
     return GateOptions(health, policy, state_dir, bool(params["clear_quarantine"]), float(timeout),  # type: ignore[arg-type]
-                       str(params["job_name"] or ""), bool(params["record_only"]), bool(params["gpus_required"]), str(params["backend"]), str(params["nvidia_smi"]),
-                       float(params["query_timeout"]))
+                       str(params["job_name"] or ""), bool(params["record_only"]), bool(params["gpus_required"]),
+                       str(params["backend"]), str(params["nvidia_smi"]), float(params["query_timeout"]))
 
 
 def _look(options: GateOptions, since: float) -> dict[str, Any]:
