@@ -17,10 +17,13 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
     RelaunchInputError, awx_job, check_fleet_wide, check_rank_names, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
     decide, rank_of,
 )
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import StepRunner, relaunch_steps
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import STEP_NAMES, StepRunner, relaunch_steps
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_spec import role_variable_errors
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, unknown_variables
+
+# gpu_gate takes a query_timeout of at most 600 seconds (gpu_mem_wait's may be longer).
+MAX_GATE_QUERY_TIMEOUT = 600.0
 
 ARGUMENT_SPEC = {
     "force": {"type": "bool", "default": False},
@@ -74,7 +77,8 @@ class ActionModule(CheckedAction):
         if rank is None and decision["relaunch"]:
             relaunched = self._relaunch(decision, host, task_vars, launch=True)
             # Only a container reboot helps: the role reboots, looks again and launches (roles/relaunch/tasks/steps.yml).
-            done = not relaunched["reset"]
+            # The GPU gate's refusal ends it here (refused in the summary, as the crash-loop guard's refusal).
+            done = not relaunched["reset"] or bool(relaunched["refused"])
         if probe.get("diff"):
             # --diff: what a restart would change in the job's spec (command, env, log path, backend ...).
             result["diff"] = probe["diff"]
@@ -87,6 +91,9 @@ class ActionModule(CheckedAction):
         if relaunched is not None:
             result["steps"] = relaunched["steps"]
             result["ansible_facts"]["relaunch_clearance"] = relaunched["steps"]["clearance"]
+            if relaunched["launch_env"] is not None:
+                # The GPU gate left GPUs out: the launch after a container reboot (steps.yml) gets its CUDA_VISIBLE_DEVICES.
+                result["launch_options"] = dict(launch_options, env=relaunched["launch_env"])
         if done:
             failure = relaunched["failure"] if relaunched else None
             unreachable = bool(relaunched and relaunched["unreachable"])
@@ -134,11 +141,27 @@ class ActionModule(CheckedAction):
             play = getattr(play, "_play", None) or getattr(play, "_parent", None)
         return getattr(play, "strategy", None)
 
-    def _relaunch(self, decision: Mapping[str, Any], host: str, task_vars: dict[str, Any], launch: bool) -> dict[str, Any]:
+    def _relaunch(self, decision: Mapping[str, Any], host: str, task_vars: dict[str, Any], launch: bool,
+                  launch_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """This host's steps after a decision to relaunch (plugin_utils/relaunch_steps), on this task's connection."""
+        job = options_from_variables("train_launch", self._templar.template, task_vars)
         return relaunch_steps(self._step_runner(task_vars), decision,
                               _true(self._templar.template(task_vars.get("container_reset_allowed"))),
-                              bool(self._task.check_mode), host, launch=launch)
+                              bool(self._task.check_mode), host, launch=launch,
+                              gate=self._gate_options(job, task_vars),
+                              launch_env=launch_env if launch_env is not None else job.get("env") or {})
+
+    def _gate_options(self, job: Mapping[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        """gpu_gate's options that are the job's and the drain's (its own come from its role variables): the
+        quarantine record beside the jobs' state directories, and the drain's GPUs and way of reading them."""
+        drain = options_from_variables("gpu_mem_wait", self._templar.template, task_vars)
+        options = {key: drain[key] for key in ("devices", "backend", "gpus_required") if key in drain}
+        options["job_name"] = str(job.get("name") or "")
+        if "query_timeout" in drain:
+            options["query_timeout"] = min(float(drain["query_timeout"]), MAX_GATE_QUERY_TIMEOUT)
+        if job.get("state_dir"):
+            options["state_dir"] = job["state_dir"]
+        return options
 
     def _step_runner(self, task_vars: dict[str, Any]) -> StepRunner:
         """Runs a step's module with its options from the role variables; the drain's module run gets
@@ -159,8 +182,22 @@ class ActionModule(CheckedAction):
         if rank is not None:
             # A rank of a multi-rank job gets MASTER_ADDR, MASTER_PORT, NODE_RANK and NNODES: part of the spec.
             options["env"] = dict(options.get("env") or {}, **rank.env())
+        visible = self._launched_on(options, task_vars)
+        if visible:
+            # The GPU gate launched it without a bad GPU: that CUDA_VISIBLE_DEVICES is part of the spec it runs with.
+            options["env"] = dict(options.get("env") or {}, CUDA_VISIBLE_DEVICES=visible)
         options.update(state="probe", force=args["force"])
         return options
+
+    def _launched_on(self, job: Mapping[str, Any], task_vars: dict[str, Any]) -> str:
+        """The CUDA_VISIBLE_DEVICES the GPU gate last gave this job ("" where it left no GPU out). Only a job that
+        declared it can run on fewer GPUs (job_launch_min_gpus) can have one: only it pays this module run."""
+        gate = options_from_variables("gpu_gate", self._templar.template, task_vars)
+        if not gate.get("min_gpus"):
+            return ""
+        answer = self._execute_module(module_name="gpuops.relaunch.gpu_gate", task_vars=task_vars, module_args=dict(
+            self._gate_options(job, task_vars), record_only=True, job_name=str(job.get("name") or "")))
+        return str(answer.get("cuda_visible_devices") or "") if not answer.get("failed") else ""
 
     def _fail(self, result: dict[str, Any], host: str, probe: dict[str, Any] | None, msg: str,
               args: Mapping[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
@@ -206,10 +243,16 @@ class ActionModule(CheckedAction):
         answer = {"changed": False, "decision": decision, "rank": rank.as_dict(), "msg": decision["why"],
                   "ansible_facts": {"relaunch_decision": decision}}
         if decision["relaunch"]:
-            relaunched = self._relaunch(decision, host, task_vars, launch=False)
+            relaunched = self._relaunch(decision, host, task_vars, launch=False, launch_env=dict(
+                options_from_variables("train_launch", self._templar.template, task_vars).get("env") or {}, **rank.env()))
             steps = relaunched["steps"]
             answer.update(steps=steps, changed=_changed(steps))
             answer["ansible_facts"]["relaunch_clearance"] = steps["clearance"]
+            if relaunched["launch_env"] is not None:
+                answer["launch_options"] = {"env": relaunched["launch_env"], "metrics_rank0": rank.ranks[0]}
+            if relaunched["refused"]:
+                # A rank the GPU gate refused: no rank of the job launches (the barrier), this one fails with the evidence.
+                relaunched["failure"] = f"{STEP_NAMES['gate']}: {relaunched['refused']}"
             if relaunched["failure"]:
                 answer.update(failed=True, msg=relaunched["failure"], failure=relaunched["failure"])
                 if relaunched["unreachable"]:

@@ -30,7 +30,7 @@ NONE, RELAUNCH, REFUSED = Action.NONE.value, Action.RELAUNCH.value, Action.REFUS
 # What a host's line in the fleet summary says it did, in the order the counts list them.
 FLEET_STATUSES = ("relaunched", "unchanged", "refused", "failed", "would_relaunch")
 # The phases of a relaunch, in order; their seconds come from the modules' own `elapsed`.
-PHASES = ("stop", "cleanup", "drain", "container_reset", "launch")
+PHASES = ("stop", "cleanup", "drain", "container_reset", "gpu_gate", "launch")
 # The rank variables torch.distributed (and most launchers) read; part of the job's spec.
 DEFAULT_MASTER_PORT = 29500
 
@@ -422,6 +422,11 @@ def clearance(cleanup: Mapping[str, Any], drain: Mapping[str, Any], reset_allowe
     if not clear and not reset and not (check_mode and reset_done):
         if level == Escalation.HOST_ACTION:
             lead = "The host must act: "
+        elif level == Escalation.HOST_REBOOT:
+            lead = "Only a reboot of the machine that owns the GPUs clears it (for a container, its Proxmox node): "
+        elif level == Escalation.GPU_RESET:
+            lead = ("Only a GPU reset clears it (the GPU gate resets what its own look finds, where "
+                    "relaunch_gpu_reset_allowed is true): ")
         elif level == Escalation.CONTAINER_REBOOT:
             lead = ("A container reboot did not clear it: " if reset_done
                     else "Only a container reboot helps (container_reset_allowed is false for this host): ")
@@ -430,6 +435,24 @@ def clearance(cleanup: Mapping[str, Any], drain: Mapping[str, Any], reset_allowe
         blocked = f"{host}: not relaunching. {lead}{'; '.join(reasons)}"
     return {"escalation": level.value, "released": released, "reset": reset, "clear": clear,
             "blocked": blocked, "reasons": reasons}
+
+
+def gate_refusal(host: str, gate: Mapping[str, Any]) -> str:
+    """What a host the GPU gate refused fails with: the gate's reason, then each bad GPU's evidence (index, UUID,
+    bus id, the recovery action, the remap counts, the XIDs with their time and text), escaped."""
+    parts = []
+    for bad in gate.get("bad") or []:
+        if not isinstance(bad, Mapping):
+            continue
+        xids = ", ".join(f"XID {x.get('xid')} at {x.get('first')} ({x.get('text')})" for x in bad.get("xids") or []
+                         if isinstance(x, Mapping))
+        parts.append(f"GPU {bad.get('index')} {bad.get('uuid')} {bad.get('pci_bus_id')}: {bad.get('escalation')}"
+                     f"{', quarantined' if bad.get('quarantined') else ''}; recovery action {bad.get('recovery_action')}; "
+                     f"remapped rows {bad.get('remapped_rows')}" + (f"; {xids}" if xids else ""))
+    evidence = f" Evidence: {' | '.join(parts)}." if parts else ""
+    return escape_controls(cap_line(
+        f"{host}: not relaunching. The GPUs need {gate.get('escalation')}: {gate.get('why')}.{evidence} "
+        f"The job was stopped and cleaned; a person must act (the event path does not retry a refusal)."))
 
 
 def _escalation(word: Any) -> Escalation:
@@ -491,6 +514,7 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     cleanup_again = _result(steps.get("cleanup_again"))
     drain_again = _result(steps.get("drain_again"))
     launch = _result(steps.get("launch"))
+    gate = _result(steps.get("gate"))
     health = probe.get("health") or {}
     guard = probe.get("relaunch_guard") or {}
     found = cleanup.get("found") or {}
@@ -531,7 +555,7 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         "job": {"operation": job.get("operation"), "pid": job.get("pid"), "log_path": job.get("log_path"),
                 "ready_line": job.get("ready_line")},
         "seconds": _phase_seconds(stop, (cleanup,), (drain,),
-                                  (reset, results.get("reset_wait"), cleanup_again, drain_again), launch),
+                                  (reset, results.get("reset_wait"), cleanup_again, drain_again), launch, gate),
         # Multi-rank jobs: index, of, ranks, master_addr, master_port (null for a job of one host).
         "rank": dict(rank) if rank else None,
     }
@@ -540,6 +564,12 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     if started_by_another:
         summary["why"] += (f"; but when this run launched, the job already ran with this spec (pid {job.get('pid')}), "
                            f"started meanwhile by another run: this run started nothing")
+    # The GPU gate (after the drain, before the launch): its refusal is the run's refusal, as the crash-loop guard's is.
+    # Nothing of this host runs after it, so a failure beside it is the refusal itself (a rank's joint decision
+    # fails its task with it, to keep the other ranks at their barrier).
+    summary["gpu_gate"] = gate_summary(gate)
+    if gate.get("outcome") == "refuse":
+        summary.update(action=REFUSED, relaunched=False, failed=None, why=f"the GPU gate refused: {gate.get('why')}")
     summary["after"] = after_action(summary, launch)
     # The job's live file (train_launch's metrics_dir), where the run now recorded keeps one: it owns the
     # job's health series, so the relaunch's own metrics leave them out (see _metrics/textfile.py).
@@ -547,6 +577,17 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
     # What the fleet summary calls it (relaunched, unchanged, refused, failed, would_relaunch).
     summary["status"] = fleet_status(summary)
     return summary
+
+
+GATE_KEYS = ("outcome", "escalation", "why", "bad", "visible", "reset", "quarantined", "quarantine_cleared")
+
+
+def gate_summary(gate: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the GPU gate answered (None where it did not look: nothing was relaunched)."""
+    if not gate:
+        return None
+    return {key: gate.get(key, [] if key in ("bad", "visible", "reset", "quarantined", "quarantine_cleared") else None)
+            for key in GATE_KEYS}
 
 
 def after_action(summary: Mapping[str, Any], launch: Mapping[str, Any]) -> dict[str, Any]:
@@ -610,13 +651,14 @@ def _gpus(drain: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _phase_seconds(stop: Mapping[str, Any], cleanup: Iterable[Mapping[str, Any]], drain: Iterable[Mapping[str, Any]],
-                   reset: Iterable[Any], launch: Mapping[str, Any]) -> dict[str, float]:
+                   reset: Iterable[Any], launch: Mapping[str, Any], gate: Mapping[str, Any] | None = None) -> dict[str, float]:
     """Seconds per phase that ran, from the modules' own `elapsed` (the time on the target)."""
     phases = {
         "stop": _elapsed(stop),
         "cleanup": _elapsed(*cleanup),
         "drain": _elapsed(*drain),
         "container_reset": _elapsed(*(_result(r) for r in reset)),
+        "gpu_gate": _elapsed(gate or {}),
         "launch": _elapsed(launch),
     }
     return {name: seconds for name, seconds in phases.items() if seconds is not None}
@@ -821,6 +863,9 @@ def failure_message(summary: Mapping[str, Any], job_name: str) -> str | None:
     status = fleet_status(summary)
     if status == "failed":
         return f"{host}: {summary.get('failed') or 'failed before its summary'}"
+    gate = summary.get("gpu_gate") or {}
+    if status == "refused" and gate.get("outcome") == "refuse":
+        return gate_refusal(str(host), gate)
     if status == "refused":
         health = summary.get("health") or {}
         tail = " | ".join(str(line) for line in health.get("log_tail") or [])

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import clearance, superseded
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import clearance, gate_refusal, superseded
+
+# The gate's answers (module gpu_gate, plugins/module_utils/_gpu/gate.py).
+REFUSE, SKIP = "refuse", "skip"
+# gpu_mem_wait's error_kind for a GPU the hardware must fix (query.GPU_LOST, query.RESET_REQUIRED): the gate's to judge.
+GPU_HARDWARE_ERRORS = ("gpu_lost", "reset_required")
 
 # Runs a step's module on the target: (module, the options this step gives, with the drain's environment)
 # -> its result. The other options come from the role variables (plugin_utils/role_vars).
@@ -26,20 +31,27 @@ STEP_NAMES = {
     "cleanup": "End what the last run left behind with the least force that works",
     "drain": "Wait until the GPUs are released",
     "clearance": "Check that nothing left blocks the launch",
+    "gate": "Check the GPUs' hardware before the launch",
     "launch": "Launch the job and prove it started",
 }
 
 
 def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: bool, check_mode: bool,
-                   host: str, launch: bool = True) -> dict[str, Any]:
+                   host: str, launch: bool = True, gate: Mapping[str, Any] | None = None,
+                   launch_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Stop (where something runs), clean up, drain (unless a newer run was left alone), check the clearance and,
     with `launch`, launch, stopping at the first step that fails. Returns each step's result by name under
     ``steps`` (a step that did not run is None), ``failure`` ("STEP NAME: message", or None), ``unreachable``
     (the step that failed lost the host) and ``reset`` (only a container reboot helps and the inventory allows
     it: the role reboots, looks again and launches, roles/relaunch/tasks/steps.yml). A rank of a multi-rank job
-    launches after its barrier, in the role (`launch` false)."""
+    launches after its barrier, in the role (`launch` false).
+
+    After the clearance, the GPU gate (module gpu_gate, its options `gate`) looks at the hardware where the drain
+    looked at GPUs: ``refused`` is then its refusal (the host's message, with the evidence), and ``launch_env`` the
+    job's environment with the gate's CUDA_VISIBLE_DEVICES where it leaves GPUs out (`launch_env`: the job's)."""
     steps: dict[str, Any] = {name: None for name in STEP_NAMES}
-    outcome: dict[str, Any] = {"steps": steps, "failure": None, "unreachable": False, "reset": False}
+    outcome: dict[str, Any] = {"steps": steps, "failure": None, "unreachable": False, "reset": False, "refused": None,
+                               "launch_env": None}
 
     def failed(name: str, answer: Mapping[str, Any], message: Any = None) -> dict[str, Any]:
         outcome["failure"] = f"{STEP_NAMES[name]}: {message or answer.get('msg') or 'failed'}"
@@ -55,22 +67,45 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
     steps["cleanup"] = run("zombie_reap", fence, False)
     if _failed(steps["cleanup"]):
         return failed("cleanup", steps["cleanup"])
+    hardware = False
     if not superseded(steps["cleanup"]):
         steps["drain"] = run("gpu_mem_wait", {}, True)
+        # A GPU lost or requiring a reset stops the drain's query: the gate judges that GPU (and may leave it out).
+        hardware = bool(steps["drain"].get("failed")) and steps["drain"].get("error_kind") in GPU_HARDWARE_ERRORS
         # A timeout is an answer (with its escalation) for the clearance; a broken query or a bad option is not.
-        if steps["drain"].get("unreachable") or (steps["drain"].get("failed") and "escalation" not in steps["drain"]):
+        if steps["drain"].get("unreachable") or (
+                steps["drain"].get("failed") and "escalation" not in steps["drain"] and not hardware):
             return failed("drain", steps["drain"])
-    steps["clearance"] = clearance(steps["cleanup"], steps["drain"] or {}, reset_allowed, False, check_mode, host)
+    steps["clearance"] = clearance(steps["cleanup"], {} if hardware else steps["drain"] or {}, reset_allowed, False,
+                                   check_mode, host)
     if steps["clearance"]["blocked"]:
         return failed("clearance", {}, steps["clearance"]["blocked"])
     if steps["clearance"]["reset"]:
         outcome["reset"] = True
+    steps["gate"] = gate_step(run, steps["drain"], gate or {})
+    if _failed(steps["gate"]):
+        return failed("gate", steps["gate"])
+    if steps["gate"].get("outcome") == REFUSE:
+        outcome["refused"] = gate_refusal(host, steps["gate"])
+        return outcome
+    if hardware:
+        # The drain stopped at the bad GPU; the gate left it out: the drain looks again at the GPUs the job gets.
+        if not steps["gate"].get("visible"):
+            return failed("drain", steps["drain"])
+        # By index: gpu_mem_wait then reads only those, not the bad GPU (which would stop it again).
+        steps["drain"] = run("gpu_mem_wait", {"devices": [str(i) for i in steps["gate"].get("visible_indices") or []]}, True)
+        if _failed(steps["drain"]) or steps["drain"].get("released") is False:
+            return failed("drain", steps["drain"])
+    if steps["gate"].get("cuda_visible_devices"):
+        outcome["launch_env"] = dict(launch_env or {}, CUDA_VISIBLE_DEVICES=steps["gate"]["cuda_visible_devices"])
     if outcome["reset"] or not launch:
         return outcome
-    start = {"state": "started"}
+    start: dict[str, Any] = {"state": "started"}
     if decision.get("resume_mode"):
         # The start resumes exactly as the decision said (always or never).
         start["resume"] = decision["resume_mode"]
+    if outcome["launch_env"] is not None:
+        start["env"] = outcome["launch_env"]
     steps["launch"] = run("train_launch", start, False)
     if _failed(steps["launch"]):
         return failed("launch", steps["launch"])
@@ -79,3 +114,14 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
 
 def _failed(answer: Mapping[str, Any]) -> bool:
     return bool(answer.get("failed") or answer.get("unreachable"))
+
+
+def gate_step(run: StepRunner, drain: Mapping[str, Any] | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The GPU gate's answer: gpu_gate's module run where the drain looked at GPUs, else a skip that says why (no
+    module run: a newer run's GPUs the clean-up left alone, or no GPU on the host with gpus_required false)."""
+    if not drain:
+        return {"outcome": SKIP, "changed": False, "why": "the drain did not run (a newer run holds the GPUs): no GPU gate"}
+    if drain.get("gpu_present") is False:
+        return {"outcome": SKIP, "changed": False,
+                "why": "the drain found no GPU on this host (gpu_drain_gpus_required false): no GPU gate"}
+    return run("gpu_gate", options, True)

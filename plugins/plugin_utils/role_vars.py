@@ -35,6 +35,8 @@ MODULE_PREFIX: dict[str, str] = {
     "zombie_reap": "process_cleanup_",
     "gpu_mem_wait": "gpu_drain_",
     "proxmox_ct_reboot": "container_reset_",
+    # The relaunch's hardware gate (its state_dir, devices and GPU backend are the job's and the drain's).
+    "gpu_gate": "relaunch_gpu_",
 }
 # The roles whose argument_specs list a variable, by its prefix; the relaunch role honours them all.
 PREFIX_ROLES: dict[str, tuple[str, ...]] = {
@@ -273,6 +275,20 @@ VARIABLES: tuple[RoleVar, ...] = (
         "C(prometheus-node-exporter) reads C(/var/lib/prometheus/node-exporter)); the directory must exist. "
         "M(gpuops.relaunch.relaunch_summary) writes it with M(gpuops.relaunch.relaunch_metrics), in the same task.",
         "See R(the metrics guide,ansible_collections.gpuops.relaunch.docsite.guide_metrics).")),
+    # relaunch_gpu_* and job_launch_min_gpus -> gpu_gate, the relaunch's hardware gate after the drain
+    RoleVar("relaunch_gpu_reset_allowed", "gpu_gate", "reset_allowed", default=False,
+            notes=("Set it per host in the inventory. Off, a GPU that needs a reset is quarantined and the job refused "
+                   "(or launched without it, see O(job_launch_min_gpus)).",)),
+    RoleVar("relaunch_gpu_node", "gpu_gate", "reset_node", empty_unset=True,
+            notes=("Set it for a Proxmox container: the inventory hostname of the node whose GPUs it uses. Unset, the "
+                   "target owns its GPUs (a bare host).",)),
+    RoleVar("job_launch_min_gpus", "gpu_gate", "min_gpus", roles=("relaunch",),
+            notes=("Unset, the job needs every GPU it was given: a bad one refuses it.",)),
+    RoleVar("relaunch_gpu_xid_since", "gpu_gate", "since", default=-3600,
+            notes=("Unlike the module (everything the kernel still holds), the role counts the last hour's XIDs.",)),
+    RoleVar("relaunch_gpu_quarantine_clear", "gpu_gate", "clear_quarantine", default=False,
+            notes=("The way past a quarantine once a person has fixed the GPU (as O(job_launch_reset_guard) is past "
+                   "the crash-loop guard); set it for the one run, on the host named.",)),
     RoleVar("relaunch_fail_host", type="bool", default=True, description=(
         "Fail the host at the end of the role when a step failed or the crash-loop guard refused (the summary "
         "is then in the failed task's result, not a fact). C(playbooks/relaunch.yml) sets it false and fails "

@@ -60,10 +60,10 @@ CHILD_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # The words a GPU's verdict can take (health_judge gives no others to a GPU).
 GPU_WORDS = ("none", "gpu_reset", "host_reboot", "host_action")
 
-# The quarantine (issue 36 item 4, built by the relaunch's gate): a root-owned record in the jobs' state
-# directory, read here only where it exists. Its format, as read here: a JSON object whose keys are the
-# quarantined GPUs' UUIDs (or one whose "gpus" key is such an object or a list of UUIDs).
-QUARANTINE_FILE = "gpu_quarantine.json"
+# The host's GPU quarantine, which the relaunch's gate keeps (_gpu/quarantine.py: {"gpus": {uuid: evidence}, ...}),
+# read here only where it exists. Its name is quarantine.RECORD, spelt out: the supervisor's private copies
+# do not carry quarantine.py (tests/unit/plugins/module_utils/_gpu keeps the two names one).
+QUARANTINE_FILE = "gpu-quarantine.json"
 
 
 def quarantined_uuids(state_dir: str) -> set[str] | None:

@@ -652,6 +652,10 @@ class NvidiaSmiSession:
     def close(self) -> None:
         pass
 
+    def command(self, arguments: list[str]) -> str:
+        """What nvidia-smi with `arguments` wrote (bounded, under query_timeout); GpuQueryError when it failed."""
+        return self._run(arguments, Deadline(self.query_timeout, self.clock))
+
     def _run(self, arguments: list[str], deadline: Deadline, merge_stderr: bool = True) -> str:
         """nvidia-smi's output (with its stderr, unless a warning there would spoil what is parsed)."""
         try:

@@ -31,8 +31,11 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds impor
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import (
+    GPU_LOST,
     MIB,
+    RESET_REQUIRED,
     GpuDevice,
+    GpuQueryError,
     GpuSource,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
@@ -291,7 +294,15 @@ def wait_for_release(
         if source is None:
             devices: list[GpuDevice] = []
         elif indices is None:
-            inventory = source.query()
+            try:
+                inventory = source.query()
+            except GpuQueryError as exc:
+                # A GPU lost or requiring a reset fails the look at all GPUs. Where the GPUs are named by index
+                # (the relaunch's GPU gate left the bad one out), only those are read; else the failure stands.
+                if exc.kind not in (GPU_LOST, RESET_REQUIRED) or not wanted or not all(
+                        str(item).strip().isdigit() for item in wanted):
+                    raise
+                inventory = source.query(list(dict.fromkeys(int(str(item).strip()) for item in wanted)))
             indices = resolve_devices(inventory, wanted)
             devices = [d for d in inventory if d.index in indices]
             outcome.before = devices

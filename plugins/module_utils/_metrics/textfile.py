@@ -301,7 +301,17 @@ def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str
     for gpu, uuid, used in _gpu_rows(gpus):
         memory.add(used, **labels, gpu=gpu, uuid=uuid)
 
-    return families + [recent, limit, last_run, actions, probe_family, found_family, reset, released, memory]
+    # The GPU gate: each GPU it found bad (or kept quarantined) this run, 1 with what clears it; none when it did
+    # not look or found all healthy.
+    gate = summary.get("gpu_gate") if isinstance(summary.get("gpu_gate"), Mapping) else {}
+    bad = Family("gpuops_relaunch_gpu_bad", "1 for each GPU the relaunch's GPU gate found bad or kept quarantined "
+                 "this run, with what clears it (escalation).")
+    for entry in gate.get("bad") or []:
+        if isinstance(entry, Mapping) and entry.get("escalation") in ESCALATION_WORDS:
+            bad.add(1.0, **labels, gpu=str(entry.get("index")), uuid=str(entry.get("uuid") or ""),
+                    escalation=str(entry["escalation"]))
+
+    return families + [recent, limit, last_run, actions, probe_family, found_family, reset, released, memory, bad]
 
 
 def _gpu_rows(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float | None]]:

@@ -9,6 +9,7 @@ wording and exit with the NVML error code, as the real tool does. The simulated 
 so the Python that runs the module under test does not see a `pynvml` module.
 """
 
+import json
 import os
 import sys
 import time
@@ -131,7 +132,37 @@ def xml_report(handles):
     return lines
 
 
+def gpu_reset(argv):
+    """``--gpu-reset -i N``: what a reset clears in the simulated state (a pending remap is activated, the recovery
+    action is none again; a lost GPU is not reset), each call recorded in STATE.resets (one index a line), as the
+    real tool prints it. The state file is replaced atomically, as the harness writes it."""
+    index = int(argv[argv.index("-i") + 1])
+    path = os.environ[pynvml.STATE_ENV]
+    with open(path, encoding="utf-8") as handle:
+        state = json.load(handle)
+    device = state["devices"][index]
+    bus = device.get("pci_bus_id", "00000000:%02X:00.0" % (0x3B + index))
+    with open(path + ".resets", "a", encoding="utf-8") as log:
+        log.write(f"{index}\n")
+    if device.get("lost"):
+        print(f"Unable to reset GPU {bus}: GPU is lost.  Reboot the system to recover this GPU")
+        return pynvml.NVML_ERROR_GPU_IS_LOST
+    rows = device.get("remapped_rows")
+    if isinstance(rows, list) and len(rows) == 4:
+        device["remapped_rows"] = [rows[0], rows[1], 0, rows[3]]
+    if device.get("recovery_action") not in (None, 0):
+        device["recovery_action"] = 0
+    tmp = path + ".reset-tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(state, handle)
+    os.replace(tmp, path)
+    print(f"GPU {bus} was successfully reset.\nAll done.")
+    return 0
+
+
 def main(argv):
+    if "--gpu-reset" in argv:
+        return gpu_reset(argv)
     options = dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
     formats = options.get("format", "").split(",")
     report = ("-q" in argv or "--query" in argv) and ("-x" in argv or "--xml-format" in argv)

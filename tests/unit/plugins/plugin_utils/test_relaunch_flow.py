@@ -639,3 +639,44 @@ def test_ranks_that_are_no_list_of_names_are_refused_naming_the_variable(ranks):
     assert "node1: job_launch_ranks must be a list of inventory hostnames, not " in str(raised.value)
     # A number is a name (YAML reads the host 7 as one): taken as its text, as before.
     check_ranks("node1", ["node1", 7], {}, ["node1", "7"], ["node1", "7"])
+
+
+# --- the GPU gate -------------------------------------------------------------------------------
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils import relaunch_flow as flow  # noqa: E402
+
+
+@pytest.mark.parametrize("word, lead", [
+    ("gpu_reset", "Only a GPU reset clears it (the GPU gate resets"),
+    ("host_reboot", "Only a reboot of the machine that owns the GPUs clears it"),
+])
+def test_the_clearance_names_the_gpu_words_not_a_release(word, lead):
+    answer = flow.clearance({"escalation": word, "reasons": ["GPU 1: XID 79"]}, {}, True, False, False, "h1")
+    assert answer["reset"] is False and answer["blocked"].startswith(f"h1: not relaunching. {lead}")
+    assert answer["blocked"].endswith(": GPU 1: XID 79") and "not released" not in answer["blocked"]
+
+
+GATE_REFUSED = {"changed": True, "outcome": "refuse", "escalation": "host_reboot", "why": "GPU 1: XID 79", "elapsed": 0.4,
+                "bad": [{"index": 1, "uuid": "GPU-1", "pci_bus_id": "00000000:3C:00.0", "escalation": "host_reboot",
+                         "quarantined": False, "recovery_action": None, "remapped_rows": None, "reasons": ["XID 79"],
+                         "xids": [{"xid": 79, "first": 5.0, "text": "NVRM: Xid (PCI:0000:3c:00): 79, \\x1b[2J"}]}],
+                "visible": [], "reset": [], "quarantined": ["GPU-1"], "quarantine_cleared": []}
+
+
+def test_a_gate_refusal_is_the_runs_refusal_and_the_host_fails_with_the_evidence():
+    results = {"probe": {"health": {"state": "crashed"}}, "decision": {"action": "relaunch", "why": "crashed"},
+               "stop": None, "cleanup": {"escalation": "none"}, "drain": {"released": True}, "gate": GATE_REFUSED}
+    summary = flow.host_summary("h1", False, results, None, None)
+    assert summary["action"] == "refused" and summary["relaunched"] is False and flow.fleet_status(summary) == "refused"
+    assert summary["gpu_gate"]["quarantined"] == ["GPU-1"] and summary["seconds"]["gpu_gate"] == 0.4
+    message = flow.failure_message(summary, "job")
+    assert message.startswith("h1: not relaunching. The GPUs need host_reboot: GPU 1: XID 79.")
+    assert "GPU 1 GPU-1 00000000:3C:00.0: host_reboot" in message and "XID 79 at 5.0" in message
+    assert "Nothing was stopped" not in message and "\x1b" not in message
+
+
+def test_a_ranks_gate_refusal_that_failed_its_task_is_still_the_refusal():
+    results = {"probe": {"health": {"state": "crashed"}}, "decision": {"action": "relaunch", "why": "crashed"},
+               "cleanup": {"escalation": "none"}, "drain": {"released": True}, "gate": GATE_REFUSED}
+    summary = flow.host_summary("h1", False, results, "Check the GPUs' hardware before the launch: h1: ...", {"index": 1})
+    assert flow.fleet_status(summary) == "refused" and summary["failed"] is None

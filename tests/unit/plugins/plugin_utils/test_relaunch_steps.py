@@ -15,18 +15,20 @@ DECISION = {"action": "relaunch", "relaunch": True, "stop": True, "resume_mode":
 CLEAN = {"changed": True, "escalation": "none", "reasons": []}
 RELEASED = {"changed": False, "escalation": "none", "released": True}
 STARTED = {"changed": True, "pid": 42}
+HEALTHY = {"changed": False, "outcome": "launch", "escalation": "none", "bad": [], "visible": [], "cuda_visible_devices": ""}
 
 
 class Replay:
     """Answers each module run with the next answer given for that step, and records what ran."""
 
     def __init__(self, **answers: dict[str, Any]) -> None:
-        self.answers = {"stop": {"changed": True}, "cleanup": CLEAN, "drain": RELEASED, "launch": STARTED, **answers}
+        self.answers = {"stop": {"changed": True}, "cleanup": CLEAN, "drain": RELEASED, "launch": STARTED, "gate": HEALTHY,
+                        **answers}
         self.ran: list[tuple[str, dict[str, Any], bool]] = []
 
     def __call__(self, module: str, options: Mapping[str, Any], drain_environment: bool) -> dict[str, Any]:
         self.ran.append((module, dict(options), drain_environment))
-        step = {"zombie_reap": "cleanup", "gpu_mem_wait": "drain"}.get(module) or (
+        step = {"zombie_reap": "cleanup", "gpu_mem_wait": "drain", "gpu_gate": "gate"}.get(module) or (
             "stop" if options.get("state") == "stopped" else "launch")
         return dict(self.answers[step])
 
@@ -42,7 +44,8 @@ def test_a_relaunch_stops_cleans_drains_and_launches_with_the_fence_and_the_drai
     assert run.ran == [
         ("train_launch", {"state": "stopped", "expect_run_id": "run-a"}, False),
         ("zombie_reap", {"expect_run_id": "run-a"}, False),
-        ("gpu_mem_wait", {}, True),  # only the drain gets gpu_drain_environment
+        ("gpu_mem_wait", {}, True),  # only the drain and the gate get gpu_drain_environment
+        ("gpu_gate", {}, True),
         ("train_launch", {"state": "started", "resume": "always"}, False),
     ]
     steps = outcome["steps"]
@@ -52,7 +55,7 @@ def test_a_relaunch_stops_cleans_drains_and_launches_with_the_fence_and_the_drai
 def test_nothing_running_skips_the_stop_and_the_inventory_resume_is_not_overridden() -> None:
     run = Replay()
     outcome = relaunch_steps(run, dict(DECISION, stop=False, expect_run_id=""), False, False, "h1")
-    assert run.modules == ["zombie_reap", "gpu_mem_wait", "train_launch"]
+    assert run.modules == ["zombie_reap", "gpu_mem_wait", "gpu_gate", "train_launch"]
     assert run.ran[0][1] == {"expect_run_id": ""} and run.ran[-1][1] == {"state": "started"}
     assert outcome["steps"]["stop"] is None
 
@@ -69,6 +72,7 @@ def test_a_newer_run_left_alone_skips_the_drain_and_the_launch_finds_it() -> Non
     ("cleanup", {"failed": True, "msg": "expect_run_id: the job's lock: busy"}, "expect_run_id: the job's lock: busy"),
     # A drain that broke (no escalation: a bad option, a broken query) fails; a timeout is the clearance's to judge.
     ("drain", {"failed": True, "msg": "GPU query failed: hung"}, "GPU query failed: hung"),
+    ("gate", {"failed": True, "msg": "GPU query failed: hung"}, "GPU query failed: hung"),
     ("launch", {"failed": True, "msg": "not proven"}, "not proven"),
     ("stop", {"unreachable": True, "msg": "ssh: timed out"}, "ssh: timed out"),
 ])
@@ -77,7 +81,7 @@ def test_the_first_step_that_fails_ends_the_relaunch_naming_the_step(step: str, 
     outcome = relaunch_steps(run, DECISION, False, False, "h1")
     assert outcome["failure"] == f"{STEP_NAMES[step]}: {message}"
     assert outcome["unreachable"] is bool(answer.get("unreachable"))
-    order = ["stop", "cleanup", "drain", "launch"]
+    order = ["stop", "cleanup", "drain", "gate", "launch"]
     assert len(run.ran) == order.index(step) + 1  # nothing after it ran
     assert all(outcome["steps"][later] is None for later in order[order.index(step) + 1:])
 
@@ -96,7 +100,8 @@ def test_only_a_reboot_helps_and_it_is_allowed_stops_before_the_launch(allowed: 
     run = Replay(cleanup=dict(CLEAN, escalation="container_reboot", reasons=["a zombie orphan"]))
     outcome = relaunch_steps(run, DECISION, allowed, check_mode, "h1")
     assert outcome["reset"] is True and outcome["failure"] is None
-    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait"]
+    # The gate looks before the reboot: a GPU the hardware must fix refuses the job without a reboot.
+    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait", "gpu_gate"]
 
 
 def test_only_a_reboot_helps_but_it_is_not_allowed_fails_naming_the_variable() -> None:
@@ -120,5 +125,61 @@ def test_the_summary_takes_the_decisions_steps_where_the_roles_tasks_did_not_run
 def test_a_rank_stops_cleans_and_drains_but_launches_after_its_barrier() -> None:
     run = Replay()
     outcome = relaunch_steps(run, DECISION, False, False, "h1", launch=False)
-    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait"]
+    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait", "gpu_gate"]
     assert outcome["failure"] is None and outcome["steps"]["clearance"]["clear"] is True and outcome["steps"]["launch"] is None
+
+
+BAD_GPU = {"index": 1, "uuid": "GPU-1", "pci_bus_id": "00000000:3C:00.0", "escalation": "host_reboot", "quarantined": False,
+           "recovery_action": "node_reboot", "remapped_rows": None, "reasons": ["XID 79"],
+           "xids": [{"xid": 79, "first": 5.0, "text": "NVRM: Xid (PCI:0000:3c:00): 79, GPU has fallen off the bus."}]}
+
+
+def test_the_gpu_gate_refuses_after_the_drain_and_nothing_launches() -> None:
+    run = Replay(gate={"changed": True, "outcome": "refuse", "escalation": "host_reboot", "why": "GPU 1: XID 79",
+                       "bad": [BAD_GPU], "visible": [], "cuda_visible_devices": ""})
+    outcome = relaunch_steps(run, DECISION, False, False, "h1", gate={"state_dir": "/s"})
+    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait", "gpu_gate"]
+    assert run.ran[3] == ("gpu_gate", {"state_dir": "/s"}, True)
+    assert outcome["failure"] is None and outcome["steps"]["launch"] is None
+    refused = outcome["refused"]
+    assert refused.startswith("h1: not relaunching. The GPUs need host_reboot: GPU 1: XID 79.")
+    assert "GPU 1 GPU-1 00000000:3C:00.0: host_reboot; recovery action node_reboot" in refused and "XID 79 at 5.0" in refused
+
+
+def test_the_gpu_gate_leaves_a_gpu_out_by_uuid_in_the_jobs_environment() -> None:
+    run = Replay(gate=dict(HEALTHY, visible=["GPU-0", "GPU-2"], cuda_visible_devices="GPU-0,GPU-2"))
+    outcome = relaunch_steps(run, DECISION, False, False, "h1", launch_env={"A": "1"})
+    assert run.ran[-1] == ("train_launch", {"state": "started", "env": {"A": "1", "CUDA_VISIBLE_DEVICES": "GPU-0,GPU-2"}}, False)
+    assert outcome["launch_env"] == {"A": "1", "CUDA_VISIBLE_DEVICES": "GPU-0,GPU-2"}
+
+
+def test_no_gpu_on_the_host_skips_the_gate_without_a_module_run() -> None:
+    run = Replay(drain=dict(RELEASED, gpu_present=False))
+    outcome = relaunch_steps(run, DECISION, False, False, "h1")
+    assert "gpu_gate" not in run.modules and run.modules[-1] == "train_launch"
+    assert outcome["steps"]["gate"]["outcome"] == "skip" and "gpu_drain_gpus_required false" in outcome["steps"]["gate"]["why"]
+
+
+LOST = {"failed": True, "error_kind": "gpu_lost", "released": False, "msg": "GPU query failed: GPU 1 is lost"}
+
+
+def test_a_lost_gpu_that_stops_the_drain_is_the_gates_to_judge() -> None:
+    run = Replay(drain=LOST, gate={"changed": True, "outcome": "refuse", "escalation": "host_reboot", "why": "GPU 1 lost",
+                                   "bad": [], "visible": []})
+    outcome = relaunch_steps(run, DECISION, False, False, "h1")
+    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait", "gpu_gate"]
+    assert outcome["failure"] is None and "The GPUs need host_reboot: GPU 1 lost" in outcome["refused"]
+
+
+def test_left_out_by_the_gate_the_drain_looks_again_at_the_gpus_the_job_gets() -> None:
+    answers = iter([LOST, RELEASED])
+    run = Replay(gate=dict(HEALTHY, visible=["GPU-0"], visible_indices=[0], cuda_visible_devices="GPU-0"))
+
+    def replay(module: str, options: Mapping[str, Any], env: bool) -> dict[str, Any]:
+        if module == "gpu_mem_wait":
+            run.ran.append((module, dict(options), env))
+            return dict(next(answers))
+        return run(module, options, env)
+    outcome = relaunch_steps(replay, DECISION, False, False, "h1")
+    assert [entry[:2] for entry in run.ran if entry[0] == "gpu_mem_wait"] == [("gpu_mem_wait", {}), ("gpu_mem_wait", {"devices": ["0"]})]
+    assert outcome["failure"] is None and run.ran[-1][1]["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-0"}

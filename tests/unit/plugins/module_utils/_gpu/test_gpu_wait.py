@@ -20,7 +20,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.wait import (
     unmet_on_device,
     wait_for_release,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuProcess
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import MIB, GpuDevice, GpuProcess, GpuQueryError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Escalation
@@ -301,3 +301,23 @@ def test_an_unknown_device_is_a_bad_option():
     with pytest.raises(BadOption, match="devices: no GPU 7 on this host") as caught:
         resolve_devices([device(0)], ["7"])
     assert caught.value.option == "devices"
+
+
+class LostOneSource(ScriptedSource):
+    """GPU 1 is lost: a look at all GPUs fails, a look at the others answers."""
+
+    def query(self, indices=None):
+        if indices is None or 1 in indices:
+            self.asked.append(indices)
+            raise GpuQueryError("gpu_lost", "NVML error 15: GPU is lost")
+        return super().query(indices)
+
+
+def test_a_lost_gpu_left_out_by_index_does_not_stop_the_drain_of_the_others(proc):
+    source = LostOneSource([[device(0, 4), device(2, 4)]])
+    outcome = wait_for_release(source, ["0", "2"], ReleaseCondition(), timeout=1, poll_interval=0.5, proc_root=str(proc.root))
+    assert outcome.released and source.asked == [None, [0, 2]]
+    # Named by UUID (or all GPUs), the lost GPU still fails the drain: only an index selection reads no inventory.
+    with pytest.raises(GpuQueryError, match="lost"):
+        wait_for_release(LostOneSource([[device(0, 4)]]), [], ReleaseCondition(), timeout=1, poll_interval=0.5,
+                         proc_root=str(proc.root))

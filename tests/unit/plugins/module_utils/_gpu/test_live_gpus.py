@@ -3,12 +3,11 @@ the deadline on a hung driver, the quarantine record, and the GPU series of the 
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import live_gpus
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import live_gpus, quarantine
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.supervisor import install_supervisor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._metrics.textfile import live_metrics, render
 from tests.harness.gpu_holder import sim_gpu
@@ -64,8 +63,10 @@ def test_a_gpu_lost_before_any_read_is_a_host_reboot_for_each_of_the_jobs_gpus(j
 
 def test_the_quarantine_record_counts_only_where_it_is_roots(tmp_path):
     assert live_gpus.quarantined_uuids(str(tmp_path)) is None  # no record: not said
+    # The record as the relaunch's gate writes it (its file name and format).
+    quarantine.write(str(tmp_path), {"gpus": {"GPU-a": {"why": "XID 79"}}, "resets": {}})
     record = tmp_path / live_gpus.QUARANTINE_FILE
-    record.write_text(json.dumps({"GPU-a": {"why": "XID 79"}}), encoding="utf-8")
+    assert record.is_file() and live_gpus.QUARANTINE_FILE == quarantine.RECORD
     record.chmod(0o644)
     assert live_gpus.quarantined_uuids(str(tmp_path)) == {"GPU-a"}
     record.chmod(0o666)  # anyone could write it: not a record to believe

@@ -433,3 +433,14 @@ def test_a_run_label_that_is_no_run_id_is_refused_naming_it(run):
         return
     with pytest.raises(BadOption, match="run"):
         live_metrics("llm", HOST, {}, NOW, run=run)
+
+
+def test_a_gpu_gate_refusal_is_the_action_refused_and_names_each_bad_gpu():
+    gate = {"outcome": "refuse", "bad": [{"index": 1, "uuid": "GPU-b", "escalation": "host_reboot"},
+                                         {"index": 3, "uuid": "GPU-d", "escalation": "gpu_reset"}]}
+    samples = parse(render(job_metrics("j", summary(action="refused", gpu_gate=gate), [], NOW, HOST)))
+    assert value(samples, "gpuops_relaunch_last_action", gpuops_host=HOST, gpuops_job="j", action="refused") == 1
+    assert value(samples, "gpuops_relaunch_gpu_bad", gpuops_host=HOST, gpuops_job="j", gpu="1", uuid="GPU-b",
+                 escalation="host_reboot") == 1
+    assert value(samples, "gpuops_relaunch_gpu_bad", gpuops_host=HOST, gpuops_job="j", gpu="3", uuid="GPU-d",
+                 escalation="gpu_reset") == 1

@@ -1,0 +1,165 @@
+# Copyright: gpuops.relaunch contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gate's one run on the target (module gpu_gate): the quarantine record, a health look, the decision
+(gate.decide), a reset where the decision says so and the inventory allows it, a look again, and the record
+updated. Change nothing in check mode: a reset is then announced, never done, and no record is written."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_seconds
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import quarantine
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.gate import (
+    LAUNCH, REFUSE, RESET, GatePolicy, cuda_visible_devices, decide,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health import (
+    HealthOptions, no_gpu_health, options_from_params, read_host,
+)
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuDevice, GpuQueryError, NvidiaSmiSession, open_gpu_source
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reset import reset_gpu
+
+SKIP = "skip"
+MAX_RESET_TIMEOUT = 600.0
+MAX_MIN_GPUS = 256
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    health: HealthOptions
+    policy: GatePolicy
+    state_dir: str
+    clear_quarantine: bool
+    reset_timeout: float
+    job_name: str
+    record_only: bool
+    gpus_required: bool
+    backend: str
+    nvidia_smi: str
+    query_timeout: float
+
+
+def gate_options(params: Mapping[str, Any]) -> GateOptions:
+    """The module's options checked at once; OptionsInvalid naming every bad one."""
+    checks = OptionChecks()
+    health = None
+    try:
+        health = options_from_params(params)
+    except OptionsInvalid as exc:
+        checks.problems.extend(exc.problems)
+    state_dir = str(params["state_dir"] or "")
+    if not state_dir.startswith("/"):
+        checks.add("state_dir", f"must be an absolute path, got {state_dir[:80]!r}")
+    min_gpus = params["min_gpus"]
+    if not isinstance(min_gpus, int) or not 0 <= min_gpus <= MAX_MIN_GPUS:
+        checks.add("min_gpus", f"must be a whole number from 0 (every GPU) to {MAX_MIN_GPUS}, got {min_gpus!r}")
+    timeout = checks.check(check_seconds, "reset_timeout", params["reset_timeout"], 0.0, MAX_RESET_TIMEOUT, allow_minimum=False)
+    checks.raise_if_any()
+    node = str(params["reset_node"] or "")
+    policy = GatePolicy(reset_allowed=bool(params["reset_allowed"]), reset_here=not node, owner=node, min_gpus=int(min_gpus))
+    return GateOptions(health, policy, state_dir, bool(params["clear_quarantine"]), float(timeout),  # type: ignore[arg-type]
+                       str(params["job_name"] or ""), bool(params["record_only"]), bool(params["gpus_required"]),
+                       str(params["backend"]), str(params["nvidia_smi"]), float(params["query_timeout"]))
+
+
+def _look(options: GateOptions, since: float) -> dict[str, Any]:
+    """One health look (gpu_health's result); GpuQueryError where no GPU can be read."""
+    health = HealthOptions(options.health.gpus, since, options.health.table, options.health.burst_window,
+                           options.health.kernel_log, options.health.kernel_log_timeout)
+    backend, host = read_host(health, options.backend, options.nvidia_smi, options.query_timeout)
+    return dict(host.as_dict(), backend=backend)
+
+
+def _device(options: GateOptions, index: int) -> GpuDevice | None:
+    """GPU `index` as the driver lists it now, with its minor number; None where it cannot be read."""
+    try:
+        source = open_gpu_source(options.backend, options.nvidia_smi, options.query_timeout)
+    except GpuQueryError:
+        return None
+    try:
+        devices = source.query([index])
+        if isinstance(source, NvidiaSmiSession):
+            devices = source.with_minor_numbers(devices)
+        return devices[0] if devices else None
+    except GpuQueryError:
+        return None
+    finally:
+        source.close()
+
+
+def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
+    """The gate's answer (see the module's RETURN). GpuQueryError where the GPUs cannot be read and they are
+    required; quarantine.QuarantineError where the record is not sound."""
+    began = time.monotonic()
+    record = quarantine.read(options.state_dir)
+    if options.record_only:
+        # Only what the record says (no look, nothing written): the relaunch's probe reads the job's launch.
+        return {"outcome": "record", "why": "the quarantine record, read only", "quarantined": sorted(record["gpus"]),
+                "cuda_visible_devices": quarantine.launched_on(record, options.job_name), "changed": False,
+                "elapsed": round(time.monotonic() - began, 3),
+                "quarantine_record": f"{options.state_dir.rstrip('/')}/{quarantine.RECORD}"}
+    cleared: list[str] = []
+    changed = False
+    if options.clear_quarantine and (record["gpus"] or not record.get("cleared_at")):
+        cleared = sorted(record["gpus"])
+        # What the kernel log said before a person cleared the quarantine is not counted again.
+        record = dict(record, gpus={}, cleared_at=round(time.time(), 3))
+        changed = bool(cleared)
+    since = max(options.health.since, quarantine.last_reset(record), float(record.get("cleared_at") or 0))
+    try:
+        health = _look(options, since)
+    except GpuQueryError as exc:
+        if options.gpus_required or not exc.means_no_gpu:
+            raise
+        health = dict(no_gpu_health(options.health, str(exc)).as_dict(), backend="none")
+        return {"outcome": SKIP, "why": f"no NVIDIA GPU on this host (gpus_required=false): the gate is skipped: {exc}",
+                "gpu_present": False, "health": health, "escalation": "none", "bad": [], "visible": [], "visible_indices": [],
+                "cuda_visible_devices": "", "reset": [], "quarantined": [], "quarantine_cleared": cleared,
+                "changed": changed and not check_mode, "elapsed": round(time.monotonic() - began, 3),
+                **_written(options, record, changed, check_mode)}
+    decision = decide(health, record["gpus"], options.policy)
+    resets: list[dict[str, Any]] = []
+    health_after = None
+    if decision["outcome"] == RESET and not check_mode:
+        stamp = time.time()
+        for index in decision["reset"]:
+            answer = reset_gpu(index, lambda index=index: _device(options, index), options.nvidia_smi, options.reset_timeout)
+            resets.append(answer.as_dict())
+        done = [r["uuid"] for r in resets if r["done"]]
+        if done:
+            record = quarantine.with_resets(record, done, stamp)
+            changed = True
+        health_after = _look(options, stamp)
+        decision = decide(health_after, record["gpus"], options.policy, reset_done=True)
+        failed = [r["why"] for r in resets if not r["done"]]
+        if failed and decision["outcome"] == REFUSE:
+            decision["why"] += "; " + "; ".join(failed)
+    elif decision["outcome"] == RESET:
+        resets = [{"index": index, "uuid": "", "done": False, "holders": [], "why": "check mode: would reset"}
+                  for index in decision["reset"]]
+    if decision["quarantine"]:
+        record = quarantine.added(record, decision["quarantine"])
+        changed = True
+    if options.job_name and decision["outcome"] == LAUNCH:
+        noted = quarantine.with_launch(record, options.job_name, cuda_visible_devices(decision["visible"]))
+        changed = changed or noted != record
+        record = noted
+    return {"outcome": decision["outcome"], "why": decision["why"], "gpu_present": True, "health": health,
+            "health_after": health_after, "escalation": decision["escalation"], "bad": decision["bad"],
+            "visible": decision["visible"], "visible_indices": decision["visible_indices"], "cuda_visible_devices": cuda_visible_devices(decision["visible"]),
+            "reset": resets, "quarantined": sorted(record["gpus"]), "quarantine_cleared": cleared,
+            "changed": changed and not check_mode, "elapsed": round(time.monotonic() - began, 3),
+            **_written(options, record, changed, check_mode)}
+
+
+def _written(options: GateOptions, record: Mapping[str, Any], changed: bool, check_mode: bool) -> dict[str, Any]:
+    """Write the record where it changed (not in check mode); the record's path."""
+    if changed and not check_mode:
+        quarantine.write(options.state_dir, record)
+    return {"quarantine_record": f"{options.state_dir.rstrip('/')}/{quarantine.RECORD}"}
+
+
+__all__ = ["GateOptions", "LAUNCH", "REFUSE", "RESET", "SKIP", "gate_options", "run_gate"]
