@@ -437,6 +437,17 @@ def clearance(cleanup: Mapping[str, Any], drain: Mapping[str, Any], reset_allowe
             "blocked": blocked, "reasons": reasons}
 
 
+def hardware_caused(gate: Mapping[str, Any]) -> bool:
+    """Whether the GPU gate found this failure the hardware's and the job still launches: it reset a GPU, or
+    left out one it found bad now (not only one an earlier run quarantined). The launch then tells the
+    crash-loop guard (train_launch failure_cause=hardware), which does not count such a relaunch."""
+    if gate.get("outcome") != "launch":
+        return False
+    found_now = any(isinstance(bad, Mapping) and not bad.get("quarantined") for bad in gate.get("bad") or [])
+    reset = any(isinstance(entry, Mapping) and entry.get("done") for entry in gate.get("reset") or [])
+    return found_now or reset
+
+
 def gate_refusal(host: str, gate: Mapping[str, Any]) -> str:
     """What a host the GPU gate refused fails with: the gate's reason, then each bad GPU's evidence (index, UUID,
     bus id, the recovery action, the remap counts, the XIDs with their time and text), escaped."""

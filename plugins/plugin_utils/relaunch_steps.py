@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import clearance, gate_refusal, superseded
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import clearance, gate_refusal, hardware_caused, superseded
 
 # The gate's answers (module gpu_gate, plugins/module_utils/_gpu/gate.py).
 REFUSE, SKIP = "refuse", "skip"
@@ -106,6 +106,8 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
         start["resume"] = decision["resume_mode"]
     if outcome["launch_env"] is not None:
         start["env"] = outcome["launch_env"]
+    if hardware_caused(steps["gate"]):
+        start["failure_cause"] = "hardware"
     steps["launch"] = run("train_launch", start, False)
     if _failed(steps["launch"]):
         return failed("launch", steps["launch"])

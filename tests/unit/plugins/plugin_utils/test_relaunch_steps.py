@@ -183,3 +183,16 @@ def test_left_out_by_the_gate_the_drain_looks_again_at_the_gpus_the_job_gets() -
     outcome = relaunch_steps(replay, DECISION, False, False, "h1")
     assert [entry[:2] for entry in run.ran if entry[0] == "gpu_mem_wait"] == [("gpu_mem_wait", {}), ("gpu_mem_wait", {"devices": ["0"]})]
     assert outcome["failure"] is None and run.ran[-1][1]["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-0"}
+
+
+def test_a_launch_after_the_gate_found_the_hardware_at_fault_is_not_counted_by_the_guard() -> None:
+    """A GPU reset, or a bad GPU left out now, made the failure the hardware's: the start says so (failure_cause),
+    and the crash-loop guard does not count it; a GPU an earlier run quarantined says nothing of this failure."""
+    reset = dict(HEALTHY, reset=[{"index": 1, "uuid": "GPU-1", "done": True, "holders": [], "why": ""}])
+    left_out = dict(HEALTHY, bad=[BAD_GPU], visible=["GPU-0"], cuda_visible_devices="GPU-0")
+    earlier = dict(HEALTHY, bad=[dict(BAD_GPU, quarantined=True)], visible=["GPU-0"], cuda_visible_devices="GPU-0")
+    for gate, cause in ((reset, "hardware"), (left_out, "hardware"), (earlier, None), (HEALTHY, None)):
+        run = Replay(gate=gate)
+        relaunch_steps(run, DECISION, False, False, "h1")
+        module, options, _drain_env = run.ran[-1]
+        assert module == "train_launch" and options.get("failure_cause") == cause, gate
