@@ -63,6 +63,7 @@ HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index
               "adapter_model.safetensors", "adapter_model.bin")
 _STEP_WORD = re.compile(r"(?:^|[^a-z])(?:global_)?step[=_-]?(\d+)", re.IGNORECASE)
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+_PLACEHOLDER = re.compile(r"\{checkpoint\}|\{step\}")
 _PLAIN_NAME = re.compile(r"^[\x20-\x7e]{1,255}$")
 
 
@@ -520,9 +521,10 @@ def resume_arguments(resume_args: tuple, resolution: Resolution | None) -> tuple
     (a plain replacement: no other brace is touched, nothing is evaluated)."""
     if resolution is None or resolution.chosen is None:
         return tuple(resume_args)
-    path, step = resolution.path or "", str(resolution.step)
-    return tuple(arg.replace("{checkpoint}", path).replace("{step}", step) for arg in resume_args)
+    values = {"{checkpoint}": resolution.path or "", "{step}": str(resolution.step)}
+    # One pass: a path that itself holds "{step}" is handed over as it is.
+    return tuple(_PLACEHOLDER.sub(lambda match: values[match.group(0)], arg) for arg in resume_args)
 
 
 def has_placeholder(resume_args: tuple) -> bool:
-    return any("{checkpoint}" in arg or "{step}" in arg for arg in resume_args)
+    return any(_PLACEHOLDER.search(arg) for arg in resume_args)
