@@ -173,9 +173,11 @@ def zip_whole(fd: int, size: int) -> str:
         return "no zip end record: the save did not finish"
     cd_size, cd_offset = struct.unpack_from("<II", tail, at + 12)
     end = tail_start + at
-    if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF:
-        locator = at - 20
-        if locator < 0 or tail[locator:locator + 4] != b"PK\x06\x07":
+    locator = at - 20
+    zip64 = locator >= 0 and tail[locator:locator + 4] == b"PK\x06\x07"
+    if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or zip64:
+        # PyTorch's writer always adds the zip64 record (and its locator) between the central directory and the end record.
+        if not zip64:
             return "a zip64 end record without its locator"
         end = struct.unpack_from("<Q", tail, locator + 8)[0]
         record = os.pread(fd, 56, end)

@@ -213,3 +213,17 @@ def test_a_directory_too_large_to_walk_is_refused(tmp_path: Path, monkeypatch: p
         saved(tmp_path / f"model_{step}.pt")
     with pytest.raises(CheckpointProblem, match="bounded"):
         resolve(str(tmp_path))
+
+
+def test_a_real_torch_save_whole_and_cut_at_every_tenth(tmp_path: Path) -> None:
+    """PyTorch's own zip writer (a zip64 record and its locator before the end record, always)."""
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "model_1.pt"
+    torch.save({"w": torch.zeros(4096), "step": 1}, path)
+    whole = path.read_bytes()
+    assert resolve(str(tmp_path)).step == 1
+    for tenth in range(1, 10):
+        path.write_bytes(whole[: len(whole) * tenth // 10])
+        assert resolve(str(tmp_path)).chosen is None, tenth
+    path.write_bytes(whole[:-1])
+    assert resolve(str(tmp_path)).chosen is None
