@@ -165,8 +165,7 @@ def zip_whole(fd: int, size: int) -> str:
         return "not a zip (torch.save writes zips since PyTorch 1.6)"
     at = tail.rfind(b"PK\x05\x06")
     while at >= 0:
-        comment = struct.unpack_from("<H", tail, at + 20)[0] if at + 22 <= len(tail) else -1
-        if at + 22 + comment == len(tail):
+        if at + 22 <= len(tail) and at + 22 + struct.unpack_from("<H", tail, at + 20)[0] == len(tail):
             break
         at = tail.rfind(b"PK\x05\x06", 0, at)
     if at < 0:
