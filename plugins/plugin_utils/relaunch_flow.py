@@ -343,7 +343,26 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
         # Told always, the start appends resume_args where it can (the probe's resumable: it has them, and
         # the job ran before); `resume` says what it will do.
         decision.update(resume=bool(own.get("resumable", False)), resume_mode="always")
+    shared = shared_checkpoint_step(answers)
+    if decision["relaunch"] and shared is not None:
+        # Every rank resumes the same step: the newest one complete on all of them (-1: none is).
+        decision["checkpoint_step"] = shared
     return decision
+
+
+def shared_checkpoint_step(answers: Mapping[str, Mapping[str, Any] | None]) -> int | None:
+    """The newest checkpoint step complete on every rank that answered (each probe's checkpoint.complete_steps),
+    -1 where they share none, None where no rank judges checkpoints (no checkpoint_dir). A rank that answered
+    without them rules every step out: it saw no complete checkpoint."""
+    seen = [answer.get("checkpoint") for answer in answers.values() if answer]
+    if not any(isinstance(found, Mapping) for found in seen):
+        return None
+    common: set[int] | None = None
+    for found in seen:
+        steps = found.get("complete_steps") if isinstance(found, Mapping) else None
+        mine = {step for step in steps or [] if isinstance(step, int) and not isinstance(step, bool)}
+        common = mine if common is None else common & mine
+    return max(common) if common else -1
 
 
 def seen_run(probe: Mapping[str, Any]) -> str:

@@ -71,6 +71,9 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
     if decision.get("resume_mode"):
         # The start resumes exactly as the decision said (always or never).
         start["resume"] = decision["resume_mode"]
+    if decision.get("checkpoint_step") is not None:
+        # The ranks' joint choice (relaunch_flow.shared_checkpoint_step).
+        start["checkpoint_step"] = decision["checkpoint_step"]
     steps["launch"] = run("train_launch", start, False)
     if _failed(steps["launch"]):
         return failed("launch", steps["launch"])

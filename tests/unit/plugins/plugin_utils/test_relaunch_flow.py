@@ -113,6 +113,23 @@ def test_one_rank_that_must_relaunch_relaunches_every_rank_and_all_resume_after_
     assert decision["resume_mode"] == "always" and decision["wanted_by"] == ["b"]
 
 
+def test_every_rank_resumes_the_newest_step_complete_on_all_of_them():
+    def with_steps(answer: dict, steps: list | None) -> dict:
+        return dict(answer, checkpoint={"complete_steps": steps, "step": (steps or [None])[0]})
+
+    probes = {"a": with_steps(probe(), [300, 200, 100]), "b": with_steps(probe("relaunch", "crashed"), [200, 100]),
+              "c": with_steps(probe(), [300, 200])}
+    assert {decide(probes[host], RANKS, probes)["checkpoint_step"] for host in RANKS.ranks} == {200}
+    probes["c"] = with_steps(probe(), [300])  # c's 200 is torn: no step is complete on every rank
+    assert decide(probes["a"], RANKS, probes)["checkpoint_step"] == -1
+    probes["c"] = probe()  # a rank that judges none rules every step out
+    assert decide(probes["a"], RANKS, probes)["checkpoint_step"] == -1
+    plain = {"a": probe(), "b": probe("relaunch", "crashed"), "c": probe()}  # no checkpoint_dir: nothing to agree on
+    assert "checkpoint_step" not in decide(plain["a"], RANKS, plain)
+    healthy = {host: with_steps(probe(), [100]) for host in RANKS.ranks}  # no relaunch: no step
+    assert "checkpoint_step" not in decide(healthy["a"], RANKS, healthy)
+
+
 def test_a_rank_the_guard_refuses_still_takes_its_job_with_it_and_keeps_its_own_refusal():
     probes = {"a": probe(), "b": probe("refused", "crashed", "guard"), "c": probe()}
     assert decide(probes["a"], RANKS, probes)["action"] == "relaunch"
