@@ -365,6 +365,26 @@ def shared_checkpoint_step(answers: Mapping[str, Mapping[str, Any] | None]) -> i
     return max(common) if common else -1
 
 
+def resumed_checkpoint(launch: Mapping[str, Any], health: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The summary's ``checkpoint``: the launch's (train_launch's RV checkpoint, judged once the job was stopped)
+    path and step resumed, the torn ones skipped, and the work lost - the last progress step the probe saw before
+    the failure minus the step resumed (null where either is not a number). None without checkpoint_dir."""
+    found = launch.get("checkpoint")
+    if not isinstance(found, Mapping):
+        return None
+    resumed = bool(found.get("resumed"))
+    step = found.get("step") if resumed and isinstance(found.get("step"), int) else None
+    last = health.get("last_step")
+    try:
+        last_step = int(str(last)) if last is not None else None
+    except ValueError:
+        last_step = None
+    return {"resumed": resumed, "path": found.get("path") if resumed else None, "step": step,
+            "format": found.get("format"), "torn_skipped": found.get("torn_skipped", 0),
+            "torn": [entry.get("path") for entry in found.get("torn") or [] if isinstance(entry, Mapping)],
+            "work_lost_steps": last_step - step if last_step is not None and step is not None else None}
+
+
 def seen_run(probe: Mapping[str, Any]) -> str:
     """The run train_launch's probe judged (its health.run_id), as the stop's and the clean-up's expect_run_id:
     "" when it judged none (the job never ran, or its records were not sound), so that any run found later is newer."""
@@ -529,6 +549,8 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         # The stop wrote it before any signal (or the launch, when nothing was left to stop).
         "incident": stop.get("incident") or launch.get("incident"),
         "resumed": wanted and bool(launch.get("resumed", False)),
+        # With checkpoint_dir: which checkpoint and step were resumed, torn ones skipped, the work lost.
+        "checkpoint": resumed_checkpoint(launch if wanted else {}, health),
         "relaunch_guard": {key: guard.get(key, [] if key == "history" else None) for key in GUARD_KEYS},
         "found": str(found.get("escalation") or cleanup.get("escalation")) if cleanup else NOT_LOOKED,
         "reasons": _unique(list(found.get("reasons") or []) + list(cleanup.get("reasons") or [])),

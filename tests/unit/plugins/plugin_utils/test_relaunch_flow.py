@@ -318,6 +318,19 @@ def test_the_host_summary_has_native_types_and_every_key():
     json.dumps(summary)  # nothing that is not JSON
 
 
+def test_the_summary_says_which_checkpoint_was_resumed_and_the_work_lost():
+    results = full_results()
+    assert host_summary("h1", False, results, None, None)["checkpoint"] is None  # no checkpoint_dir
+    results["probe"]["health"]["last_step"] = "1234"
+    results["launch"]["checkpoint"] = {"resumed": True, "path": "/c/step_1200", "step": 1200, "format": "dcp",
+                                       "torn_skipped": 1, "torn": [{"path": "/c/step_1300", "step": 1300, "why": "w"}]}
+    assert host_summary("h1", False, results, None, None)["checkpoint"] == {
+        "resumed": True, "path": "/c/step_1200", "step": 1200, "format": "dcp", "torn_skipped": 1,
+        "torn": ["/c/step_1300"], "work_lost_steps": 34}
+    results["launch"]["checkpoint"].update(resumed=False)  # none complete: a fresh start
+    assert host_summary("h1", False, results, None, None)["checkpoint"]["work_lost_steps"] is None
+
+
 def test_the_summary_says_the_job_after_the_action_and_keeps_what_the_probe_saw():
     """Issue 25 item 2: the metrics tell the state after the run acted, and count its relaunch."""
     results = full_results()

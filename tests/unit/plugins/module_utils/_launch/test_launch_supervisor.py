@@ -231,7 +231,7 @@ def test_the_private_copy_runs_alone_with_its_jobfiles_and_safepath(tmp_path) ->
     job_dir = tmp_path / "job"
     job_dir.mkdir(mode=0o700)
     script = install_supervisor(str(job_dir))
-    assert sorted(os.listdir(job_dir)) == ["health.py", "jobfiles.py", "live.py", "options.py", "polling.py",
+    assert sorted(os.listdir(job_dir)) == ["checkpoints.py", "health.py", "jobfiles.py", "live.py", "options.py", "polling.py",
                                            "safepath.py", "supervisor.py", "terminal.py", "textfile.py", "verdict.py"]
     for name in os.listdir(job_dir):
         assert (job_dir / name).stat().st_mode & 0o777 == 0o600
