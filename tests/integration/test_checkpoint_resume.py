@@ -107,3 +107,26 @@ def test_a_job_killed_during_its_saves_resumes_from_a_complete_checkpoint(ns: Ta
     assert said != "failed", log_text(ns)[-3000:]
     assert int(said.group(1)) == found["step"] and said.group(2) == found["path"]
     kill_the_job(ns)
+
+
+def test_nothing_complete_refuses_before_anything_changes_then_the_marker_resumes(ns: Target) -> None:
+    """checkpoint_missing=refuse: a relaunch with no complete checkpoint fails in its check, before the stop;
+    once one is complete (the custom marker layout), the start resumes from it with the path as an argument."""
+    ckpt = ns.work / "ckpt-marker"
+    (ckpt / "run-3").mkdir(parents=True)  # torn: no marker yet
+    options = {"checkpoint_dir": str(ckpt), "checkpoint_format": "marker", "checkpoint_missing": "refuse",
+               "resume_args": ["--resume", "{checkpoint}"], "min_uptime": 0.2}
+    task = ns.launch_task(task_name="t", command=ns.demo("--crash-at-step", "2", "--step-interval", "0.2"), **options)
+    first = ns.play([task]).result("t")
+    assert first.get("failed") is not True and first["checkpoint"]["torn_skipped"] == 1, first
+    health = dict(task, **{"gpuops.relaunch.train_launch": dict(task["gpuops.relaunch.train_launch"], state="health")})
+    wait_until(lambda: ns.play([health]).result("t")["health"]["state"] == "crashed", timeout=60, what="the crash")
+    refused = ns.play([task]).result("t")
+    assert refused.get("failed") is True and "checkpoint_missing=refuse" in refused["msg"], refused
+    assert refused["health"]["state"] == "crashed" and ns.read_state("job", "run.json")["run_id"] == first["run_id"]
+    (ckpt / "run-1").mkdir()
+    (ckpt / "run-1" / "COMPLETE").write_text("")
+    again = ns.play([task]).result("t")
+    assert again.get("failed") is not True and again["resumed"] is True, again
+    assert again["checkpoint"]["path"] == str(ckpt / "run-1") and again["checkpoint"]["torn_skipped"] == 1
+    wait_until(lambda: f"resuming from {ckpt / 'run-1'}" in log_text(ns), timeout=30, what="the job's word")
