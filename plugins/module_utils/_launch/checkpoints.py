@@ -114,7 +114,8 @@ class Resolution:
 
     def as_dict(self) -> dict:
         return {"dir": self.directory, "format": self.format, "path": self.path, "step": self.step,
-                "torn_skipped": len(self.torn), "torn": [found.as_dict(self.directory) for found in self.torn],
+                "torn_skipped": len(self.torn),
+                "torn": [found.as_dict(self.directory) for found in self.torn[:MAX_COMPLETE_LISTED]],
                 "renamed": list(self.renamed), "complete_steps": list(self.complete_steps), "notes": list(self.notes),
                 "seconds": round(self.seconds, 4)}
 
@@ -440,11 +441,12 @@ def _judge(fmt: str, dir_fd: int, name: str, kind: str, names: set, marker: str,
 
 
 def resolve(directory: str, fmt: str = "auto", marker: str = "COMPLETE", wanted_step: int | None = None,
-            clock=time.monotonic) -> Resolution:
+            enough: int = MAX_COMPLETE_LISTED, clock=time.monotonic) -> Resolution:
     """The newest complete checkpoint in `directory` (or the one of `wanted_step`, the ranks' joint choice).
 
     Judged newest first: the torn ones met before it are reported (never deleted), and the newest
-    MAX_COMPLETE_LISTED complete steps are listed for the ranks' joint decision. CheckpointProblem when
+    `enough` complete steps (at most MAX_COMPLETE_LISTED) are listed for the ranks' joint decision; the live
+    file asks for one. The torn ones reported are at most that many too (torn_skipped counts them all). CheckpointProblem when
     the directory cannot be reached safely or is too large to walk.
     """
     begun = clock()
@@ -478,7 +480,7 @@ def resolve(directory: str, fmt: str = "auto", marker: str = "COMPLETE", wanted_
         torn: list = []
         complete: list = []
         for step, name, kind in _candidates(used, entries):
-            if len(complete) >= MAX_COMPLETE_LISTED and chosen is not None:
+            if len(complete) >= min(enough, MAX_COMPLETE_LISTED) and chosen is not None:
                 break
             why = _judge(used, walked.fd, name, kind, names, marker, tracked, step)
             if why:

@@ -277,7 +277,7 @@ class Monitor:
             return None
         try:
             return _checkpoints().resolve(stored["dir"], str(stored.get("format") or "auto"),
-                                          str(stored.get("marker") or "COMPLETE")).step
+                                          str(stored.get("marker") or "COMPLETE"), enough=1).step
         except OSError:
             return None
 
