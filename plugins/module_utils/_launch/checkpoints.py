@@ -235,8 +235,8 @@ class _Directory:
     """One directory below the checkpoint directory, opened without following a link, listed boundedly."""
 
     def __init__(self, parent_fd: int, name: str | None) -> None:
-        self.fd = parent_fd if name is None else os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                                          | os.O_CLOEXEC, dir_fd=parent_fd)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.fd = parent_fd if name is None else os.open(name, flags, dir_fd=parent_fd)
         self.owned = name is not None
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import format_pids
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 # incident.py, readiness.py and the textfile writer are imported by the step that uses them: every
@@ -207,10 +208,11 @@ class Executor:
         try:
             choice = choose(self.options, plan.resume, rename=True)
         except CheckpointProblem as exc:
-            raise ExecutionFailed(f"checkpoint_dir: {exc}; the job was stopped and not started again") from None
+            raise ExecutionFailed(f"checkpoint_dir: {escape_controls(str(exc))}; the job was stopped and not started "
+                                  "again") from None
         self.done["checkpoint"] = choice.as_result()
         if choice.refusal is not None:
-            raise ExecutionFailed(f"checkpoint_dir: no complete checkpoint once the job was stopped "
+            raise ExecutionFailed("checkpoint_dir: no complete checkpoint once the job was stopped "
                                   "(checkpoint_missing=refuse): the job was not started again")
         self.options = dataclasses.replace(self.options, resume_args=choice.resume_args)
         return dataclasses.replace(plan, resume=choice.resume)
