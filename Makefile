@@ -148,6 +148,7 @@ bench: setup prometheus-tools
 	$(PY) bench/event_chain_latency.py
 	$(PY) bench/live_health_cpu.py
 	$(PY) bench/gpu_health.py
+	$(PY) bench/checkpoint_resume.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)

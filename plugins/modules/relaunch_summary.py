@@ -118,6 +118,8 @@ ansible_facts:
         - >-
           C(host), C(check_mode), C(status) (V(relaunched), V(unchanged), V(refused), V(failed), V(would_relaunch)),
           C(relaunched), C(would_relaunch), C(action), C(failed), C(why), C(health), C(incident), C(resumed),
+          C(checkpoint) (with train_launch's checkpoint_dir, else null: C(resumed), C(path), C(step), C(format),
+          C(torn_skipped), C(torn) (paths), C(work_lost_steps) - the probe's last progress step minus the step resumed),
           C(relaunch_guard), C(found) (the clean-up's first escalation, or "not looked"), C(reasons), C(ended) (pids),
           C(gpu_released_mib), C(gpu_released) (the drain's last look: released or not; null without a drain), C(gpus) (each
           GPU's C(index), C(uuid), C(name), C(total_mib) and C(used_mib) at that look; empty without a drain),

@@ -335,6 +335,9 @@ options:
       - Arguments appended to O(command) when a start replaces a run found V(crashed), V(stalled) or
         V(missing), for example V(['--resume', 'latest']). With O(shell=true) they are appended to the
         command line, quoted.
+      - With O(checkpoint_dir), C({checkpoint}) in an argument is replaced by the path of the newest complete
+        checkpoint there and C({step}) by its step (a plain replacement, nothing else is evaluated), for example
+        V(['--resume-from', '{checkpoint}']). Without O(checkpoint_dir) they are refused.
       - Not part of the job's spec (the next O(state=started) finds the resumed run running with its spec).
     type: list
     elements: str
@@ -348,6 +351,55 @@ options:
     type: str
     choices: [auto, always, never]
     default: auto
+  checkpoint_dir:
+    description:
+      - Where the job saves its checkpoints. A start that resumes (see O(resume)) picks the newest checkpoint there
+        that its framework's own mark says is complete (O(checkpoint_format)), falling back past torn ones (a save
+        killed midway), and fills in O(resume_args). Torn ones are reported in RV(checkpoint), never deleted.
+      - Judged as root but safely - the directory is reached as every path is (no symlink another user can change
+        is followed on the way), nothing inside it is followed (a symlink is never a checkpoint), only regular files
+        are opened (never a FIFO), every read and every listing is bounded; the job gets the path as text.
+      - It is judged before anything is stopped (so the probe reports it and O(checkpoint_missing=refuse) changes
+        nothing) and again once the job is stopped, and that second answer is what the job resumes from.
+      - See R(the checkpoint guide,ansible_collections.gpuops.relaunch.docsite.guide_checkpoints).
+    type: path
+  checkpoint_format:
+    description:
+      - How a complete checkpoint is told from a torn one. V(dcp) - C(torch.distributed.checkpoint), a step
+        directory with its C(.metadata) (written last). V(torch_save) - Lightning and C(torch.save) files (C(.pt),
+        C(.pth), C(.ckpt), C(.bin), C(.tar)), whole when their zip end record is there. V(deepspeed) - tags up to
+        the one C(latest) names, whose C(*.pt) files are whole. V(megatron) - C(iter_N) up to
+        C(latest_checkpointed_iteration.txt), with whole files. V(hf_trainer) - C(checkpoint-N) with
+        C(trainer_state.json) and whole weights. V(nemo) - no C(NAME-unfinished) marker beside it. V(marker) - a
+        numbered directory holding O(checkpoint_marker). V(auto) - the layout recognised by those marks.
+      - The step is the number in the name (C(step=N), C(step_N), C(global_stepN), else its last number).
+    type: str
+    choices: [auto, dcp, torch_save, deepspeed, megatron, hf_trainer, nemo, marker]
+    default: auto
+  checkpoint_marker:
+    description:
+      - With O(checkpoint_format=marker), the file whose presence in a numbered directory says it is complete
+        (the job writes it last). A plain file name.
+    type: str
+    default: COMPLETE
+  checkpoint_missing:
+    description:
+      - What a resuming start does when no checkpoint is complete. V(fresh) - it starts without O(resume_args).
+        V(refuse) - it fails before anything is stopped.
+    type: str
+    choices: [fresh, refuse]
+    default: fresh
+  checkpoint_step:
+    description:
+      - The step to resume, the ranks' joint choice (the newest step complete on every rank; the relaunch sets it);
+        V(-1) - the ranks share none. Unset, this host's newest complete checkpoint.
+    type: int
+  checkpoint_rename_torn:
+    description:
+      - Rename the torn checkpoints newer than the one resumed aside (C(NAME.torn)) once the job is stopped, so
+        that the job's own C(latest) logic cannot pick them. Nothing is ever deleted.
+    type: bool
+    default: false
   max_relaunches:
     description:
       - The crash-loop guard - at most this many relaunches after a failure within O(relaunch_window);
@@ -888,6 +940,53 @@ resumed:
   returned: with state started, restarted and probe, unless the options were refused
   type: bool
   sample: true
+checkpoint:
+  description:
+    - With O(checkpoint_dir), what the resolver found - judged before anything was stopped, and (after a start)
+      again once the job was stopped, which is what the job resumed from. Names are escaped as log lines are.
+  returned: with O(checkpoint_dir) and state started, restarted or probe, unless the options were refused
+  type: dict
+  sample: {"dir": /workspace/ckpt, "format": dcp, "path": /workspace/ckpt/step_1200, "step": 1200, "torn_skipped": 1,
+           "torn": [{"path": /workspace/ckpt/step_1300, "step": 1300, "why": "no .metadata (written last)"}],
+           "renamed": [], "complete_steps": [1200, 1100], "notes": [], "seconds": 0.0012, "resumed": true}
+  contains:
+    dir:
+      description: O(checkpoint_dir).
+      type: str
+    format:
+      description: The format judged by (with V(auto), the one recognised; V(auto) where none was).
+      type: str
+    path:
+      description: The checkpoint chosen (its path, as the job gets it in C({checkpoint})); null when none is complete.
+      type: str
+    step:
+      description: Its step (C({step})); null when none is complete.
+      type: int
+    torn_skipped:
+      description: How many torn checkpoints newer than the chosen one were skipped.
+      type: int
+    torn:
+      description: Those torn checkpoints, each with its path, step and why it is torn.
+      type: list
+      elements: dict
+    renamed:
+      description: Where O(checkpoint_rename_torn) renamed them.
+      type: list
+      elements: str
+    complete_steps:
+      description: The newest complete steps (at most 32), newest first - the ranks' joint decision intersects them.
+      type: list
+      elements: int
+    notes:
+      description: What else the resolver noted (a tracker file that names no step, a fresh start).
+      type: list
+      elements: str
+    seconds:
+      description: How long the resolver took.
+      type: float
+    resumed:
+      description: Whether the start resumes from RV(checkpoint.path).
+      type: bool
 relaunch_guard:
   description: The crash-loop guard for a start now (after O(reset_guard), if given).
   returned: with state started, restarted, health and probe, unless the options were refused
@@ -1046,6 +1145,7 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.checkpoints import FORMATS as CHECKPOINT_FORMATS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import MODULE_STATES, LaunchController, LaunchError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
@@ -1124,6 +1224,12 @@ def main() -> None:
             "metrics_rank0": {"type": "str"},
             "metrics_gpus": {"type": "list", "elements": "str"},
             "expect_run_id": {"type": "str"},
+            "checkpoint_dir": {"type": "path"},
+            "checkpoint_format": {"type": "str", "default": "auto", "choices": list(CHECKPOINT_FORMATS)},
+            "checkpoint_marker": {"type": "str", "default": "COMPLETE"},
+            "checkpoint_missing": {"type": "str", "default": "fresh", "choices": ["fresh", "refuse"]},
+            "checkpoint_step": {"type": "int"},
+            "checkpoint_rename_torn": {"type": "bool", "default": False},
         },
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,

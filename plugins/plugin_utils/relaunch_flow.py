@@ -343,7 +343,46 @@ def decide(probe: Mapping[str, Any], rank: Rank | None = None,
         # Told always, the start appends resume_args where it can (the probe's resumable: it has them, and
         # the job ran before); `resume` says what it will do.
         decision.update(resume=bool(own.get("resumable", False)), resume_mode="always")
+    shared = shared_checkpoint_step(answers)
+    if decision["relaunch"] and shared is not None:
+        # Every rank resumes the same step: the newest one complete on all of them (-1: none is).
+        decision["checkpoint_step"] = shared
     return decision
+
+
+def shared_checkpoint_step(answers: Mapping[str, Mapping[str, Any] | None]) -> int | None:
+    """The newest checkpoint step complete on every rank that answered (each probe's checkpoint.complete_steps),
+    -1 where they share none, None where no rank judges checkpoints (no checkpoint_dir). A rank that answered
+    without them rules every step out: it saw no complete checkpoint."""
+    seen = [answer.get("checkpoint") for answer in answers.values() if answer]
+    if not any(isinstance(found, Mapping) for found in seen):
+        return None
+    common: set[int] | None = None
+    for found in seen:
+        steps = found.get("complete_steps") if isinstance(found, Mapping) else None
+        mine = {step for step in steps or [] if isinstance(step, int) and not isinstance(step, bool)}
+        common = mine if common is None else common & mine
+    return max(common) if common else -1
+
+
+def resumed_checkpoint(launch: Mapping[str, Any], health: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The summary's ``checkpoint``: the launch's (train_launch's RV checkpoint, judged once the job was stopped)
+    path and step resumed, the torn ones skipped, and the work lost - the last progress step the probe saw before
+    the failure minus the step resumed (null where either is not a number). None without checkpoint_dir."""
+    found = launch.get("checkpoint")
+    if not isinstance(found, Mapping):
+        return None
+    resumed = bool(found.get("resumed"))
+    step = found.get("step") if resumed and isinstance(found.get("step"), int) else None
+    last = health.get("last_step")
+    try:
+        last_step = int(str(last)) if last is not None else None
+    except ValueError:
+        last_step = None
+    return {"resumed": resumed, "path": found.get("path") if resumed else None, "step": step,
+            "format": found.get("format"), "torn_skipped": found.get("torn_skipped", 0),
+            "torn": [entry.get("path") for entry in found.get("torn") or [] if isinstance(entry, Mapping)],
+            "work_lost_steps": last_step - step if last_step is not None and step is not None else None}
 
 
 def seen_run(probe: Mapping[str, Any]) -> str:
@@ -548,6 +587,8 @@ def host_summary(host: str, check_mode: bool, results: Mapping[str, Any], failur
         # The stop wrote it before any signal (or the launch, when nothing was left to stop).
         "incident": stop.get("incident") or launch.get("incident"),
         "resumed": wanted and bool(launch.get("resumed", False)),
+        # With checkpoint_dir: which checkpoint and step were resumed, torn ones skipped, the work lost.
+        "checkpoint": resumed_checkpoint(launch if wanted else {}, health),
         "relaunch_guard": {**{key: guard.get(key, [] if key == "history" else None) for key in GUARD_KEYS},
                            **{key: guard[key] for key in GUARD_BUDGET_KEYS if key in guard}},
         "found": str(found.get("escalation") or cleanup.get("escalation")) if cleanup else NOT_LOOKED,

@@ -108,6 +108,9 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
         start["env"] = outcome["launch_env"]
     if hardware_caused(steps["gate"]):
         start["failure_cause"] = "hardware"
+    if decision.get("checkpoint_step") is not None:
+        # The ranks' joint choice (relaunch_flow.shared_checkpoint_step).
+        start["checkpoint_step"] = decision["checkpoint_step"]
     steps["launch"] = run("train_launch", start, False)
     if _failed(steps["launch"]):
         return failed("launch", steps["launch"])

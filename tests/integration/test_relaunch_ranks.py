@@ -50,7 +50,16 @@ def host_vars(tmp_path: Path, host: str, ranks: list[str] | None) -> dict:
     }
     if ranks:
         found["job_launch_ranks"] = ranks
-        found["job_launch_resume_args"] = ["--resume", "ckpt-latest"]
+        # Each rank's checkpoints (the marker layout): every rank resumes the newest step complete on all of
+        # them (100), not its own newest (a and c: 300, b: 200; b's 300 and c's 200 are torn).
+        complete = {"rank-a": (100, 200, 300), "rank-b": (100, 200), "rank-c": (100, 300)}[host]
+        for step in (100, 200, 300):
+            (files / "ckpt" / f"run-{step}").mkdir(parents=True)
+            if step in complete:
+                (files / "ckpt" / f"run-{step}" / "COMPLETE").write_text("", encoding="utf-8")
+        found["job_launch_checkpoint_dir"] = str(files / "ckpt")
+        found["job_launch_checkpoint_format"] = "marker"
+        found["job_launch_resume_args"] = ["--resume", "ckpt-{step}"]
     return found
 
 
@@ -160,7 +169,8 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert run.summary("rank-b")["health"]["state"] == "crashed"
     assert [run.summary(host)["resumed"] for host in RANKS] == [True] * 3
-    assert all(b"ckpt-latest" in Path(f"/proc/{job_pid(fleet, host)}/cmdline").read_bytes() for host in ("rank-a", "rank-c"))
+    assert all(b"ckpt-100" in Path(f"/proc/{job_pid(fleet, host)}/cmdline").read_bytes() for host in ("rank-a", "rank-c"))
+    assert [run.summary(host)["checkpoint"]["step"] for host in RANKS] == [100] * 3
 
     # 4. rank-c cannot be made ready (its state directory is a file: its stop fails). No rank
     #    launches; the independent host, forced too, relaunches all the same.

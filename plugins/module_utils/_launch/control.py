@@ -17,6 +17,7 @@ doing; the plan (plan.py) and the decision (decision.py) say what to do, purely;
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import sys
@@ -59,6 +60,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safep
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import SENT
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 if TYPE_CHECKING:
@@ -404,7 +406,7 @@ class LaunchController:
         if options.spec is None:  # options_from_params requires a command for these states
             raise LaunchError("command: required with state=" + self.state, result)
         rendered = self.check_mode or self.probing
-        plan = self._plan(judgement, rendered)
+        plan = self._checkpoint(result, self._plan(judgement, rendered))
         status = judgement.status
         result["relaunch_guard"] = judgement.guard_report
         result["decision"] = self._decision(judgement, plan.other_spec, plan.resume).as_dict()
@@ -434,6 +436,25 @@ class LaunchController:
         executor = self._task_executor(judgement)
         self._execute(result, executor, executor.start, plan, judgement)
         return _with_done(result, executor)
+
+    def _checkpoint(self, result: dict[str, Any], plan: Plan) -> Plan:
+        """With checkpoint_dir: the newest complete checkpoint (resume.choose) in the result, and the plan's
+        resume as it allows (none complete: fresh, or refused here, before anything is stopped)."""
+        if self.options.checkpoint_dir is None:
+            return plan
+        # pylint: disable-next=import-outside-toplevel
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.checkpoints import CheckpointProblem
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.resume import choose  # pylint: disable=import-outside-toplevel
+        try:
+            choice = choose(self.options, plan.resume)
+        except CheckpointProblem as exc:
+            reason = escape_controls(str(exc))
+            result["option_problems"] = [{"option": "checkpoint_dir", "reason": reason}]
+            raise LaunchError(f"checkpoint_dir: {reason}", result) from None
+        result["checkpoint"] = choice.as_result()
+        if choice.refusal is not None and plan.operation is not Operation.NONE:
+            raise LaunchError(choice.refusal, result)
+        return dataclasses.replace(plan, resume=choice.resume)
 
     def _spec_diff(self, judgement: Judgement, plan: Plan) -> dict[str, str]:
         """--diff: the recorded run's launch beside the one this start writes, the fields that differ."""

@@ -10,6 +10,7 @@ what happened up to there.
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import os
 import pwd
@@ -37,6 +38,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.signal_gate import format_pids
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import Health
 
 # incident.py, readiness.py and the textfile writer are imported by the step that uses them: every
@@ -193,8 +195,28 @@ class Executor:
             self.done["previous"] = previous
         self.done["rotated_log"] = self._set_aside_log()
         self.done["removed_paths"] = [path for path in self.options.remove_paths if remove_path(path)]
+        if self.options.checkpoint_dir is not None:
+            plan = self._resume_from_checkpoint(plan)
         self.done["resumed"] = plan.resume
         self._launch(plan, {"run": status.run, "exit": replaced_exit})
+
+    def _resume_from_checkpoint(self, plan: Plan) -> Plan:
+        """The checkpoint judged again now that the job is stopped (a save under way before is judged as it was
+        left), torn ones renamed aside where asked; the launch appends resume_args filled in from it."""
+        # pylint: disable-next=import-outside-toplevel
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.checkpoints import CheckpointProblem
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.resume import choose  # pylint: disable=import-outside-toplevel
+        try:
+            choice = choose(self.options, plan.resume, rename=True)
+        except CheckpointProblem as exc:
+            raise ExecutionFailed(f"checkpoint_dir: {escape_controls(str(exc))}; the job was stopped and not started "
+                                  "again") from None
+        self.done["checkpoint"] = choice.as_result()
+        if choice.refusal is not None:
+            raise ExecutionFailed("checkpoint_dir: no complete checkpoint once the job was stopped "
+                                  "(checkpoint_missing=refuse): the job was not started again")
+        self.options = dataclasses.replace(self.options, resume_args=choice.resume_args)
+        return dataclasses.replace(plan, resume=choice.resume)
 
     def _launch(self, plan: Plan, replaces: dict[str, Any]) -> None:
         """Launch and prove; `replaces`: the run this start replaces and how it ended (or None, None)."""

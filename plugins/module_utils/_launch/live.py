@@ -67,6 +67,16 @@ def _textfile() -> Any:
     return textfile
 
 
+def _checkpoints() -> Any:
+    """The checkpoint resolver, imported where a launch names a checkpoint_dir."""
+    # pylint: disable=import-outside-toplevel
+    if not __package__:
+        import checkpoints  # pylint: disable=import-error
+    else:
+        from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import checkpoints
+    return checkpoints
+
+
 # launch.json's keys: the live file's settings, and the stall rule (stored with every start).
 LAUNCH_KEY = "live"
 HEALTH_KEY = "health"
@@ -232,13 +242,17 @@ class Monitor:
         self.last_problem = ""
         self.seen: dict[str, Any] = {}  # the log as the last look read it (see assess)
         self.gpu_watch: Any = None  # the look at the job's GPUs, made at the first refresh that has the run
+        self.checkpoint: dict[str, Any] | None = None  # launch.json's checkpoint (dir, format, marker), if any
 
     @classmethod
     def of_launch(cls, job_dir: str, launch: dict[str, Any] | None, **kwargs: Any) -> Monitor | None:
         settings = settings_of(launch)
         if settings is None or not (launch or {}).get("run_id"):
             return None
-        return cls(job_dir, str(launch["run_id"]), settings, **kwargs)
+        monitor = cls(job_dir, str(launch["run_id"]), settings, **kwargs)
+        stored = (launch or {}).get("checkpoint")
+        monitor.checkpoint = stored if isinstance(stored, dict) else None
+        return monitor
 
     def seconds_to_next(self) -> float:
         return max(self.next_at - time.monotonic(), 0.0)
@@ -259,7 +273,7 @@ class Monitor:
                 textfile = _textfile()
                 text = textfile.render(textfile.live_metrics(self.settings.job, self.settings.host, report.as_dict(),
                                                              round(self.clock(), 3), rank0=self.settings.rank0,
-                                                             run=self.run_id,
+                                                             run=self.run_id, checkpoint_step=self.checkpoint_step(),
                                                              gpus=self.look_at_gpus(run, ended=report.state.value != "running")))
                 textfile.write_textfile(self.settings.directory, self.settings.file_name, text)
         except Exception as exc:  # pylint: disable=broad-except
@@ -280,6 +294,18 @@ class Monitor:
         if self.gpu_watch is None:
             self.gpu_watch = _live_gpus().GpuWatch(self.job_dir, self.settings.gpus, health.epoch_of(run.get("started_at")))
         return self.gpu_watch.look(now=ended)
+
+    def checkpoint_step(self) -> int | None:
+        """The newest complete checkpoint's step, where the launch stored a checkpoint_dir (spec.stored_health);
+        resolved by the rule train_launch resumes by (checkpoints.py), newest first and bounded."""
+        stored = self.checkpoint
+        if not stored or not isinstance(stored.get("dir"), str):
+            return None
+        try:
+            return _checkpoints().resolve(stored["dir"], str(stored.get("format") or "auto"),
+                                          str(stored.get("marker") or "COMPLETE"), enough=1).step
+        except OSError:
+            return None
 
     def finished(self) -> bool:
         """Whether this run's watch is over: it ended (exit record), or another run is recorded."""

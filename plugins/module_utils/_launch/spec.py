@@ -172,6 +172,15 @@ class LaunchOptions:
     # state=stopped only: the run the caller's look saw ("" for none); a newer live run is left alone
     # (the run-id fence, tree.supersedes). None: no fence.
     expect_run_id: str | None = None
+    # Resume from the newest complete checkpoint (checkpoints.py, resume.py): where the job saves, in which
+    # layout, the marker file of the custom layout, what a resume does when none is complete (fresh: start
+    # without resume_args; refuse), the step the ranks agreed on, and whether torn ones are renamed aside.
+    checkpoint_dir: str | None = None
+    checkpoint_format: str = "auto"
+    checkpoint_marker: str = "COMPLETE"
+    checkpoint_missing: str = "fresh"
+    checkpoint_step: int | None = None
+    checkpoint_rename_torn: bool = False
 
     def launch_fields(self, resume: bool) -> dict[str, Any]:
         """What a start writes to launch.json besides its run id (`resume`: with resume_args appended)."""
@@ -208,6 +217,10 @@ class LaunchOptions:
                 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import live_gpus
                 gpus = live_gpus.gpu_settings(list(self.metrics_gpus), live_gpus.nvml_path_here())
                 stored["live"][live_gpus.GPUS_KEY] = gpus
+        if self.checkpoint_dir is not None:
+            # The live file's newest complete checkpoint step (live.py) is resolved by the same rule.
+            stored["checkpoint"] = {"dir": self.checkpoint_dir, "format": self.checkpoint_format,
+                                    "marker": self.checkpoint_marker}
         return stored
 
     @property
@@ -503,6 +516,24 @@ def _resume_args(args: Any) -> tuple[str, ...]:
     return checked
 
 
+def _checkpoint_marker(marker: Any) -> str:
+    """The custom layout's marker: a plain file name (it is looked up inside each checkpoint directory)."""
+    if marker is None or marker == "":
+        return "COMPLETE"
+    if not isinstance(marker, str) or "/" in marker or marker in (".", "..") or "\0" in marker:
+        raise BadOption("checkpoint_marker", f"{marker!r} is not a plain file name")
+    return marker
+
+
+def _checkpoint_placeholders(resume_args: tuple[str, ...] | None, checkpoint_dir: str | None) -> None:
+    """{checkpoint} and {step} need checkpoint_dir: without it nothing could fill them in."""
+    if checkpoint_dir is not None or not resume_args:
+        return
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.checkpoints import has_placeholder  # pylint: disable=import-outside-toplevel
+    if has_placeholder(resume_args):
+        raise BadOption("resume_args", "{checkpoint} and {step} need checkpoint_dir (where the job saves its checkpoints)")
+
+
 def _count(option: str, value: Any, low: int, high: int, why: str = "") -> int:
     number = int(value)
     if not low <= number <= high:
@@ -584,6 +615,13 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     if failure_cause not in CAUSES:
         checks.add("failure_cause", f"must be one of {', '.join(CAUSES)} (got {failure_cause!r})")
     expect_run_id = checks.check(check_expect_run_id, params.get("expect_run_id"))
+    checkpoint_dir = checks.check(_absolute, "checkpoint_dir", params.get("checkpoint_dir") or None)
+    checkpoint_marker = checks.check(_checkpoint_marker, params.get("checkpoint_marker"))
+    checks.check(_checkpoint_placeholders, resume_args, checkpoint_dir)
+    checkpoint_step = None
+    if params.get("checkpoint_step") is not None:
+        checkpoint_step = checks.check(_count, "checkpoint_step", params["checkpoint_step"], -1, 2**62,
+                                       "; -1: the ranks share no complete step")
     if params.get("expect_run_id") is not None and state != LaunchState.STOPPED.value:
         checks.add("expect_run_id", f"only with state=stopped (the run a stop is for), not with state={state}")
     checks.raise_if_any()
@@ -617,6 +655,12 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         metrics_rank0=metrics_rank0,
         metrics_gpus=metrics_gpus or (),
         expect_run_id=expect_run_id,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_format=params.get("checkpoint_format") or "auto",
+        checkpoint_marker=checkpoint_marker or "COMPLETE",
+        checkpoint_missing=params.get("checkpoint_missing") or "fresh",
+        checkpoint_step=checkpoint_step,
+        checkpoint_rename_torn=bool(params.get("checkpoint_rename_torn")),
     )
 
 

@@ -77,6 +77,7 @@ else:
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import terminal as _terminal
     from ansible_collections.gpuops.relaunch.plugins.module_utils._base import verdict as _verdict
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import checkpoints as _checkpoints
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import health as _health
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import jobfiles
     from ansible_collections.gpuops.relaunch.plugins.module_utils._launch import live
@@ -732,7 +733,8 @@ def private_copies() -> tuple:
     library only but for its neighbours here (it imports them by bare name when it has no package)."""
     return ((SAFEPATH_FILE, safepath), (JOBFILES_FILE, jobfiles), ("options.py", _options), ("terminal.py", _terminal),
             ("verdict.py", _verdict), ("polling.py", _polling), ("health.py", _health), ("textfile.py", _textfile), (live.LIVE_FILE, live),
-            ("xid.py", _xid), ("health_reads.py", _health_reads), ("health_judge.py", _health_judge), ("live_gpus.py", _live_gpus))
+            ("xid.py", _xid), ("health_reads.py", _health_reads), ("health_judge.py", _health_judge), ("live_gpus.py", _live_gpus),
+            ("checkpoints.py", _checkpoints))
 
 
 def install_supervisor(job_dir: str) -> str:

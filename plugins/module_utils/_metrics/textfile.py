@@ -187,7 +187,8 @@ LIVE_FILE_PREFIX = "gpuops_job_"
 
 
 def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, rank0: str | None = None,
-                 run: str | None = None, gpus: Mapping[str, Any] | None = None) -> list[Family]:
+                 run: str | None = None, gpus: Mapping[str, Any] | None = None,
+                 checkpoint_step: int | None = None) -> list[Family]:
     """The job's live file: its health as the node judged it at `now` (train_launch's health, as
     HealthReport.as_dict() says it), and when. Labelled as every series of the collection, with the
     job's rank 0 (`rank0`; unset, `host`) and, where given, the run judged (`run`, its run_id).
@@ -198,6 +199,11 @@ def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, ran
     families = _health_families(_mapping(health, "health"), labels, health.get("state"), "as the node judged it last")
     judged = Family(LIVE_TIMESTAMP_METRIC, "When the node last judged the job's health (its live file), in seconds since the epoch.")
     judged.add(now, **labels)
+    if checkpoint_step is not None:
+        # What a failure now would cost: the last step minus this one (train_launch's checkpoint_dir).
+        newest = Family("gpuops_job_checkpoint_step", "The step of the job's newest complete checkpoint.")
+        newest.add(float(checkpoint_step), **labels)
+        families.append(newest)
     return families + [judged] + (_gpu_families(gpus, labels) if gpus else [])
 
 
@@ -311,7 +317,23 @@ def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str
             bad.add(1.0, **labels, gpu=str(entry.get("index")), uuid=str(entry.get("uuid") or ""),
                     escalation=str(entry["escalation"]))
 
-    return families + [recent, limit, last_run, actions, probe_family, found_family, reset, released, memory, bad]
+    return families + [recent, limit, last_run, actions, probe_family, found_family, reset, released, memory, bad,
+                       *_checkpoint_families(summary.get("checkpoint"), labels)]
+
+
+def _checkpoint_families(found: Any, labels: Mapping[str, str]) -> list[Family]:
+    """The checkpoint this run resumed (the summary's ``checkpoint``, with train_launch's checkpoint_dir): its step,
+    the torn ones skipped and the steps of work lost; nothing without one."""
+    if not isinstance(found, Mapping):
+        return []
+    resumed = Family("gpuops_job_resumed_checkpoint_step", "The step of the checkpoint this relaunch resumed from.")
+    resumed.add(_step(found.get("step")), **labels)
+    torn = Family("gpuops_job_torn_checkpoints_skipped", "Torn checkpoints (a save cut short) newer than the one resumed.")
+    torn.add(_non_negative(_number(found.get("torn_skipped"), "checkpoint.torn_skipped")), **labels)
+    lost = Family("gpuops_job_work_lost_steps", "Steps of work lost: the last progress step before the failure minus "
+                  "the step resumed.")
+    lost.add(_step(found.get("work_lost_steps")), **labels)
+    return [resumed, torn, lost]
 
 
 def _gpu_rows(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float | None]]:

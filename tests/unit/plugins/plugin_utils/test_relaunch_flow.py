@@ -113,6 +113,23 @@ def test_one_rank_that_must_relaunch_relaunches_every_rank_and_all_resume_after_
     assert decision["resume_mode"] == "always" and decision["wanted_by"] == ["b"]
 
 
+def test_every_rank_resumes_the_newest_step_complete_on_all_of_them():
+    def with_steps(answer: dict, steps: list | None) -> dict:
+        return dict(answer, checkpoint={"complete_steps": steps, "step": (steps or [None])[0]})
+
+    probes = {"a": with_steps(probe(), [300, 200, 100]), "b": with_steps(probe("relaunch", "crashed"), [200, 100]),
+              "c": with_steps(probe(), [300, 200])}
+    assert {decide(probes[host], RANKS, probes)["checkpoint_step"] for host in RANKS.ranks} == {200}
+    probes["c"] = with_steps(probe(), [300])  # c's 200 is torn: no step is complete on every rank
+    assert decide(probes["a"], RANKS, probes)["checkpoint_step"] == -1
+    probes["c"] = probe()  # a rank that judges none rules every step out
+    assert decide(probes["a"], RANKS, probes)["checkpoint_step"] == -1
+    plain = {"a": probe(), "b": probe("relaunch", "crashed"), "c": probe()}  # no checkpoint_dir: nothing to agree on
+    assert "checkpoint_step" not in decide(plain["a"], RANKS, plain)
+    healthy = {host: with_steps(probe(), [100]) for host in RANKS.ranks}  # no relaunch: no step
+    assert "checkpoint_step" not in decide(healthy["a"], RANKS, healthy)
+
+
 def test_a_rank_the_guard_refuses_still_takes_its_job_with_it_and_keeps_its_own_refusal():
     probes = {"a": probe(), "b": probe("refused", "crashed", "guard"), "c": probe()}
     assert decide(probes["a"], RANKS, probes)["action"] == "relaunch"
@@ -299,6 +316,19 @@ def test_the_host_summary_has_native_types_and_every_key():
     assert summary["health"]["exit_code"] == 3 and summary["health"]["last_step"] is None
     assert summary["relaunch_guard"]["relaunch_window"] is None and summary["rank"] is None
     json.dumps(summary)  # nothing that is not JSON
+
+
+def test_the_summary_says_which_checkpoint_was_resumed_and_the_work_lost():
+    results = full_results()
+    assert host_summary("h1", False, results, None, None)["checkpoint"] is None  # no checkpoint_dir
+    results["probe"]["health"]["last_step"] = "1234"
+    results["launch"]["checkpoint"] = {"resumed": True, "path": "/c/step_1200", "step": 1200, "format": "dcp",
+                                       "torn_skipped": 1, "torn": [{"path": "/c/step_1300", "step": 1300, "why": "w"}]}
+    assert host_summary("h1", False, results, None, None)["checkpoint"] == {
+        "resumed": True, "path": "/c/step_1200", "step": 1200, "format": "dcp", "torn_skipped": 1,
+        "torn": ["/c/step_1300"], "work_lost_steps": 34}
+    results["launch"]["checkpoint"].update(resumed=False)  # none complete: a fresh start
+    assert host_summary("h1", False, results, None, None)["checkpoint"]["work_lost_steps"] is None
 
 
 def test_the_summary_says_the_job_after_the_action_and_keeps_what_the_probe_saw():

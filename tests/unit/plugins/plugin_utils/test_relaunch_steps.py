@@ -39,14 +39,15 @@ class Replay:
 
 def test_a_relaunch_stops_cleans_drains_and_launches_with_the_fence_and_the_drain_environment() -> None:
     run = Replay()
-    outcome = relaunch_steps(run, dict(DECISION, resume_mode="always"), False, False, "h1")
+    outcome = relaunch_steps(run, dict(DECISION, resume_mode="always", checkpoint_step=200), False, False, "h1")
     assert outcome["failure"] is None and outcome["reset"] is False and outcome["unreachable"] is False
     assert run.ran == [
         ("train_launch", {"state": "stopped", "expect_run_id": "run-a"}, False),
         ("zombie_reap", {"expect_run_id": "run-a"}, False),
         ("gpu_mem_wait", {}, True),  # only the drain and the gate get gpu_drain_environment
         ("gpu_gate", {}, True),
-        ("train_launch", {"state": "started", "resume": "always"}, False),
+        # the ranks' joint checkpoint step goes to the start
+        ("train_launch", {"state": "started", "resume": "always", "checkpoint_step": 200}, False),
     ]
     steps = outcome["steps"]
     assert steps["launch"] == STARTED and steps["clearance"]["clear"] is True

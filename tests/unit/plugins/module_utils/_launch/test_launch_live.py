@@ -183,6 +183,14 @@ def test_a_file_no_run_keeps_is_removed_and_a_link_there_is_not_followed(tmp_pat
 def test_the_private_copy_watches_a_real_process_alone(tmp_path) -> None:
     """live.py watch from the job's directory, with -I and an empty environment: nothing but the copies."""
     directory, textfiles, launch = job_dir(tmp_path)
+    # The newest complete checkpoint's step too, resolved by the copy of checkpoints.py (step 2: step 3 is torn).
+    ckpt = tmp_path / "ckpt"
+    for step in (1, 2, 3):
+        (ckpt / f"step_{step}").mkdir(parents=True)
+        if step < 3:
+            (ckpt / f"step_{step}" / ".metadata").write_bytes(b"m")
+    launch["checkpoint"] = {"dir": str(ckpt), "format": "dcp"}
+    (directory / "launch.json").write_text(json.dumps(launch), encoding="utf-8")
     install_supervisor(str(directory))
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     watch = None
@@ -194,6 +202,8 @@ def test_the_private_copy_watches_a_real_process_alone(tmp_path) -> None:
                                  env={}, cwd="/", stderr=subprocess.PIPE, text=True)
         wait_until(lambda: (textfiles / "gpuops_job_llm.prom").exists() and live_state(textfiles) == "running",
                    timeout=30, what="the copy to write running")
+        assert re.search(r'^gpuops_job_checkpoint_step\{gpuops_job="llm",.*\} 2$',
+                         (textfiles / "gpuops_job_llm.prom").read_text(encoding="utf-8"), re.M)
         job.kill()  # our own child
         job.wait()
         (directory / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": None, "exit_signal": "SIGKILL"}))

@@ -333,3 +333,45 @@ def test_the_jobs_gpus_go_into_the_live_settings_with_where_pynvml_was_found(tmp
 def test_metrics_gpus_that_cannot_work_are_named(tmp_path, extra, why) -> None:
     with pytest.raises(OptionsInvalid, match=f"^metrics_gpus: .*{why}"):
         options_from_params(params(tmp_path, **extra))
+
+
+def test_checkpoint_options_are_checked_and_stored_for_the_live_file(tmp_path) -> None:
+    with pytest.raises(OptionsInvalid, match=r"resume_args: \{checkpoint\} and \{step\} need checkpoint_dir"):
+        options_from_params(params(tmp_path, resume_args=["--resume", "{checkpoint}"]))
+    with pytest.raises(OptionsInvalid) as caught:
+        options_from_params(params(tmp_path, checkpoint_dir="ckpt", checkpoint_marker="../x", checkpoint_step=-2))
+    assert {problem["option"] for problem in caught.value.as_result()["option_problems"]} == {
+        "checkpoint_dir", "checkpoint_marker", "checkpoint_step"}
+    options = options_from_params(params(tmp_path, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_format="dcp",
+                                         resume_args=["--resume", "{checkpoint}"], checkpoint_step=200))
+    assert options.checkpoint_step == 200 and options.checkpoint_missing == "fresh"
+    assert options.launch_fields(True)["checkpoint"] == {"dir": str(tmp_path / "ckpt"), "format": "dcp",
+                                                         "marker": "COMPLETE"}
+    assert "checkpoint" not in options_from_params(params(tmp_path)).launch_fields(False)
+
+
+def test_the_resume_fills_the_placeholders_or_starts_fresh_or_refuses(tmp_path) -> None:
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.resume import choose  # pylint: disable=import-outside-toplevel
+    ckpt = tmp_path / "ckpt"
+    for step in (1, 2):
+        (ckpt / f"run-{step}").mkdir(parents=True)
+    (ckpt / "run-1" / "COMPLETE").write_text("")
+
+    def options(**more):
+        return options_from_params(params(tmp_path, checkpoint_dir=str(ckpt), checkpoint_format="marker",
+                                          resume_args=["--from", "{checkpoint}", "--step={step}"], **more))
+
+    chosen = choose(options(), True)
+    assert chosen.resume and chosen.resume_args == ("--from", str(ckpt / "run-1"), "--step=1")
+    assert chosen.as_result()["torn_skipped"] == 1 and chosen.as_result()["resumed"] is True
+    assert not choose(options(), False).resume  # a start that does not resume only reports
+    assert choose(options(checkpoint_step=-1), True).resume_args == ()  # the ranks share none: fresh
+    (ckpt / "run-1" / "COMPLETE").unlink()
+    fresh = choose(options(), True)
+    assert not fresh.resume and fresh.resume_args == () and fresh.refusal is None
+    refused = choose(options(checkpoint_missing="refuse"), True)
+    assert refused.refusal.startswith("checkpoint_missing=refuse and no complete checkpoint in")
+    (ckpt / "run-1" / "COMPLETE").write_text("")
+    assert choose(options(checkpoint_rename_torn=True), True).as_result()["renamed"] == []  # only once stopped
+    renamed = choose(options(checkpoint_rename_torn=True), True, rename=True)
+    assert renamed.as_result()["renamed"] == [str(ckpt / "run-2.torn")] and (ckpt / "run-1").is_dir()

@@ -231,7 +231,7 @@ def test_the_private_copy_runs_alone_with_its_jobfiles_and_safepath(tmp_path) ->
     job_dir = tmp_path / "job"
     job_dir.mkdir(mode=0o700)
     script = install_supervisor(str(job_dir))
-    assert sorted(os.listdir(job_dir)) == ["health.py", "health_judge.py", "health_reads.py", "jobfiles.py", "live.py",
+    assert sorted(os.listdir(job_dir)) == ["checkpoints.py", "health.py", "health_judge.py", "health_reads.py", "jobfiles.py", "live.py",
                                            "live_gpus.py", "options.py", "polling.py", "safepath.py", "supervisor.py",
                                            "terminal.py", "textfile.py", "verdict.py", "xid.py"]
     # The live look at the job's GPUs imports alone from the copies too, and its NVML child runs alone.

@@ -97,6 +97,15 @@ def summary(**overrides) -> dict:
 GPUS = [{"index": 1, "uuid": "GPU-b", "used_mib_after": 0.0}, {"index": 0, "uuid": "GPU-a", "used_mib": 40960.5}]
 
 
+def test_the_checkpoint_resumed_is_told():
+    found = {"step": 1200, "torn_skipped": 2, "work_lost_steps": 34}
+    samples = parse(render(job_metrics("llm", summary(checkpoint=found), GPUS, NOW, HOST)))
+    assert value(samples, "gpuops_job_resumed_checkpoint_step", gpuops_host=HOST, gpuops_job="llm") == 1200
+    assert value(samples, "gpuops_job_torn_checkpoints_skipped", gpuops_host=HOST, gpuops_job="llm") == 2
+    assert value(samples, "gpuops_job_work_lost_steps", gpuops_host=HOST, gpuops_job="llm") == 34
+    assert "gpuops_job_resumed_checkpoint_step" not in render(job_metrics("llm", summary(), GPUS, NOW, HOST))
+
+
 def test_every_metric_of_a_full_summary():
     samples = parse(render(job_metrics("llm", summary(), GPUS, NOW, HOST)))
     for word in HEALTH_WORDS:
