@@ -73,7 +73,9 @@ def _named(entry: Mapping[str, Any]) -> str:
 
 def _said(entry: Mapping[str, Any]) -> str:
     why = "; ".join(entry.get("reasons") or []) or entry.get("quarantined_why") or entry["escalation"]
-    return f"{_named(entry)}: {why}"
+    named = _named(entry)
+    # gpu_health's reasons already name their GPU: said once.
+    return why if why.startswith(named) else f"{named}: {why}"
 
 
 def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any]], policy: GatePolicy,

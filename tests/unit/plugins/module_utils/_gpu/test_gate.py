@@ -41,7 +41,7 @@ def test_the_safe_default_refuses_a_gpu_that_needs_a_reset_and_quarantines_it():
     assert (bad["index"], bad["uuid"], bad["pci_bus_id"], bad["recovery_action"]) == (1, "GPU-1", "00000000:3C:00.0", "gpu_reset")
     assert bad["remapped_rows"]["pending"] is True
     assert answer["quarantine"] == [bad]
-    assert "relaunch_gpu_reset_allowed" in answer["why"] and "GPU 1 (GPU-1, 00000000:3C:00.0)" in answer["why"]
+    assert "relaunch_gpu_reset_allowed" in answer["why"] and answer["why"].count("GPU 1 (GPU-1, 00000000:3C:00.0)") == 1
 
 
 def test_a_reset_where_allowed_then_a_refusal_when_it_did_not_clear():
