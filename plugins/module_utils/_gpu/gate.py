@@ -72,10 +72,11 @@ def _named(entry: Mapping[str, Any]) -> str:
 
 
 def _said(entry: Mapping[str, Any]) -> str:
-    why = "; ".join(entry.get("reasons") or []) or entry.get("quarantined_why") or entry["escalation"]
     named = _named(entry)
-    # gpu_health's reasons already name their GPU: said once.
-    return why if why.startswith(named) else f"{named}: {why}"
+    # gpu_health's reasons each name their GPU: the name is said once, in front.
+    reasons = [reason[len(named) + 2:] if reason.startswith(named + ": ") else reason for reason in entry.get("reasons") or []]
+    why = "; ".join(reasons) or entry.get("quarantined_why") or entry["escalation"]
+    return f"{named}: {why}"
 
 
 def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any]], policy: GatePolicy,
