@@ -13,10 +13,13 @@ import json
 import os
 import shutil
 import sys
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
+from tests.harness.gpu_holder import sim_gpu
 from tests.harness.launch_targets import end_recorded_runs
 from tests.harness.playbook import REPO, run_playbook
 from tests.harness.procstates import state_of, wait_until
@@ -124,8 +127,9 @@ def messages(run) -> str:
 
 # One scenario, run by run, because each run starts from what the last one left (and every run of
 # four hosts costs real seconds): launch, nothing to do, one rank must relaunch, one rank cannot be
-# made ready, one rank's launch fails.
+# made ready, one rank's launch fails, one rank's GPU is bad.
 def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone(fleet):
+    commands = {host: list(fleet["hosts"][host]["job_launch_command"]) for host in RANKS}
     # 1. Every rank launches, each with its rank environment; the independent host too.
     run, summary = relaunch(fleet)
     assert run.rc == 0, run.stdout[-4000:] + run.stderr[-2000:]
@@ -201,6 +205,29 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
     assert [job_pid(fleet, host) for host in RANKS] == [None] * 3, "a rank was left running"
     assert [summary["hosts"][host]["status"] for host in RANKS] == ["failed"] * 3
     assert "rank(s) rank-b did not start" in messages(run)
+
+    # 6. Every rank has a GPU now (the simulated NVML), and rank-b's GPU fell off the bus (NVML error 15): the
+    #    GPU gate refuses rank-b after its drain, and no rank launches, though rank-a and rank-c are healthy and
+    #    their specs are good again. rank-b is refused with the evidence; the others fail naming it.
+    started_at = time.time()
+    with ExitStack() as stack:
+        for number, host in enumerate(RANKS):
+            gpu = stack.enter_context(sim_gpu(devices=1))
+            # Buses no other test writes XID lines for; the cut-off is this step's start.
+            gpu.devices[0]["pci_bus_id"] = f"00000000:{0xD0 + number:02X}:00.0"
+            gpu.devices[0]["lost"] = host == "rank-b"
+            gpu.save()
+            fleet["hosts"][host].update(
+                job_launch_command=commands[host], gpu_drain_gpus_required=True, gpu_drain_environment=gpu.env(),
+                relaunch_gpu_xid_since=started_at, job_launch_max_relaunches=20)
+        run, summary = relaunch(fleet)
+    assert run.rc != 0
+    assert [job_pid(fleet, host) for host in RANKS] == [None] * 3, "a rank launched without rank-b"
+    refused = run.summary("rank-b")
+    assert summary["hosts"]["rank-b"]["status"] == "refused" and refused["gpu_gate"]["escalation"] == "host_reboot", refused
+    assert [summary["hosts"][host]["status"] for host in ("rank-a", "rank-c")] == ["failed"] * 2
+    assert all(run.summary(host)["gpu_gate"]["outcome"] == "launch" for host in ("rank-a", "rank-c"))
+    assert "rank(s) rank-b could not be made ready" in messages(run)
 
 
 def test_ranks_split_by_the_limit_are_refused_before_anything_changes(fleet):
