@@ -23,18 +23,22 @@ TARGET_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sy
 
 def test_xids_from_the_kernel_log_and_the_simulated_gpus_are_judged() -> None:
     with sim_gpu(devices=4) as gpu, kernel_xids() as log:
+        # Buses no other test's simulated GPU has (they start at 3B): the kernel log is the machine's, and a
+        # relaunch's GPU gate elsewhere would count these XID 79s against its own GPU 0.
+        for device in gpu.devices:
+            device["pci_bus_id"] = "00000000:%02X:00.0" % (0xE0 + gpu.devices.index(device))
         gpu.devices[1].update(remapped_rows=[0, 1, 1, 0], recovery_action=1)
         gpu.devices[2].update(recovery_action=None)  # a driver before 570: the field is not supported
         gpu.devices[3]["lost"] = True
         gpu.fault("nvmlDeviceGetRemappedRows", "NOT_SUPPORTED", device=2)
         gpu.save()
-        log.kernel_line("NVRM: Xid (PCI:0000:3d:00): 95, pid=1, name=before, Uncontained ECC error.")
+        log.kernel_line("NVRM: Xid (PCI:0000:e2:00): 95, pid=1, name=before, Uncontained ECC error.")
         cutoff = time.time()
-        log.kernel_line("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.")
-        log.kernel_line("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.")
-        log.kernel_line("NVRM: Xid (PCI:0000:3d:00): 13, pid=77, name=\x1b[2Jtrain, Graphics Exception")
+        log.kernel_line("NVRM: Xid (PCI:0000:e0:00): 79, pid=4242, name=python3, GPU has fallen off the bus.")
+        log.kernel_line("NVRM: Xid (PCI:0000:e0:00): 79, pid=4242, name=python3, GPU has fallen off the bus.")
+        log.kernel_line("NVRM: Xid (PCI:0000:e2:00): 13, pid=77, name=\x1b[2Jtrain, Graphics Exception")
         for prefix in ("", "<3>", "<12>"):
-            log.user_line("NVRM: Xid (PCI:0000:3d:00): 79, pid=1, name=forged, GPU has fallen off the bus.", prefix)
+            log.user_line("NVRM: Xid (PCI:0000:e2:00): 79, pid=1, name=forged, GPU has fallen off the bus.", prefix)
         tasks = [
             {"name": "all", MODULE: {"since": cutoff}, "environment": gpu.env()},
             {"name": "one", MODULE: {"devices": [gpu.devices[2]["uuid"]], "since": cutoff}, "environment": gpu.env(),
@@ -48,14 +52,14 @@ def test_xids_from_the_kernel_log_and_the_simulated_gpus_are_judged() -> None:
     assert whole["backend"] == "pynvml" and whole["healthy"] is False
     assert whole["escalation"] == "host_reboot"
     by_index = {entry["index"]: entry for entry in whole["gpus"]}
-    # GPU 0 (bus 3B): one burst of two kernel lines of XID 79 after the cut-off.
+    # GPU 0 (bus E0): one burst of two kernel lines of XID 79 after the cut-off.
     [burst] = by_index[0]["xids"]
     assert (burst["xid"], burst["class"], burst["lines"], burst["pids"]) == (79, "reboot_host", 2, [4242])
     assert by_index[0]["escalation"] == "host_reboot"
     # GPU 1: the pending remap and the recovery action say a reset.
     assert {(f["kind"], f["escalation"]) for f in by_index[1]["findings"]} == {("row_remap", "gpu_reset"), ("recovery_action", "gpu_reset")}
     assert by_index[1]["reads"]["recovery_action"] == {"status": "ok", "value": 1, "action": "gpu_reset"}
-    # GPU 2 (bus 3D): its XID 95 was before the cut-off and the forged 79s came from user space; the
+    # GPU 2 (bus E2): its XID 95 was before the cut-off and the forged 79s came from user space; the
     # application's XID 13 counts only as the application's. Unsupported reads say so, and are no error.
     assert by_index[2]["escalation"] == "none"
     assert [(x["xid"], x["class"]) for x in by_index[2]["xids"]] == [(13, "application")]

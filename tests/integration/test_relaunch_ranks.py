@@ -29,6 +29,10 @@ SUMMARY = "Summarize"
 RANKS = ["rank-a", "rank-b", "rank-c"]
 
 
+# Each rank's complete checkpoints in RANKS' fleet (other callers' hosts get none).
+CHECKPOINTS_COMPLETE = {"rank-a": (100, 200, 300), "rank-b": (100, 200), "rank-c": (100, 300)}
+
+
 def host_vars(tmp_path: Path, host: str, ranks: list[str] | None) -> dict:
     files = tmp_path / host
     files.mkdir()
@@ -51,11 +55,13 @@ def host_vars(tmp_path: Path, host: str, ranks: list[str] | None) -> dict:
         "gpu_drain_timeout": 20,
         "container_reset_allowed": False,
     }
+    complete = None
     if ranks:
         found["job_launch_ranks"] = ranks
         # Each rank's checkpoints (the marker layout): every rank resumes the newest step complete on all of
         # them (100), not its own newest (a and c: 300, b: 200; b's 300 and c's 200 are torn).
-        complete = {"rank-a": (100, 200, 300), "rank-b": (100, 200), "rank-c": (100, 300)}[host]
+        complete = CHECKPOINTS_COMPLETE.get(host)
+    if ranks and complete is not None:
         for step in (100, 200, 300):
             (files / "ckpt" / f"run-{step}").mkdir(parents=True)
             if step in complete:
