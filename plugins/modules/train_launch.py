@@ -207,6 +207,16 @@ options:
         swapped for a link into a place only root may reach is refused, never entered. A job that
         runs as root has it walked as O(log_path) is (no symlink another user can change).
     type: path
+  umask:
+    description:
+      - The job's file mode creation mask, a string of 3 or 4 octal digits from V(0000) to V(0777), quoted (an
+        unquoted C(0022) is a YAML number, 18, and is refused). The default is systemd's for a
+        service, so the job's checkpoints and outputs are readable by its group and others; V(0077) keeps them
+        private to the job's user. The same with both backends (the supervisor itself keeps 0077 for its records).
+      - Not part of the spec (see RV(spec_hash)), so a new value takes effect at the job's next start and never
+        restarts a running job by itself (O(force) does).
+    type: raw
+    default: "0022"
   env:
     description:
       - Environment variables for the job, on top of the clean base described above.
@@ -1081,6 +1091,7 @@ def main() -> None:
             "shell": {"type": "bool", "default": False},
             "chdir": {"type": "path"},
             "env": {"type": "dict", "default": {}},
+            "umask": {"type": "raw", "default": "0022"},
             "user": {"type": "str"},
             "group": {"type": "str"},
             "log_path": {"type": "path"},

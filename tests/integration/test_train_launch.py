@@ -49,6 +49,12 @@ def job_processes(target: Target, result: dict) -> dict:
     return members
 
 
+def umask_of(target: Target, pid: int) -> str:
+    """The Umask: line of a running process's /proc/PID/status (what the kernel applies to its new files)."""
+    status = Path(f"/proc/{target.host_pid(pid)}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:"))
+
+
 def test_lifecycle(target: Target, tmp_path: Path) -> None:
     """Start survives the launcher; orphans reaped; idempotent; restarted rotates; spec change restarts; stop."""
     worker_pids = tmp_path / "workers.pids"
@@ -79,6 +85,9 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
         assert zombies == [], zombies
     table = target.processes()
     assert run["pid"] in table and not table[run["pid"]].zombie, "the job died with its launcher"
+    # The job's files are the user's: systemd's default umask, not the supervisor's own 0077.
+    assert umask_of(target, run["pid"]) == "0022"
+    assert umask_of(target, run["supervisor_pid"]) == "0077"
     # The supervisor runs its private copy (Ansible's temporary files are long gone), in a session
     # of its own, with stdin from /dev/null, stdout and stderr to the log, and no other fd open but
     # the two ends of its own wake-up pipe (signal.set_wakeup_fd: a SIGCHLD ends its wait at once).
@@ -111,9 +120,11 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
     assert run["pid"] not in target.processes()
 
     # A spec change (one more env variable) with state=started restarts.
-    changed_spec = dict(start["gpuops.relaunch.train_launch"], env={"RUN": "2"})
+    # The umask option takes effect with it (alone it restarts nothing: it is not part of the spec).
+    changed_spec = dict(start["gpuops.relaunch.train_launch"], env={"RUN": "2"}, umask="0027")
     second = target.play([{"name": "launch", "gpuops.relaunch.train_launch": changed_spec}]).result("launch")
     assert second["changed"] is True and second["pid"] != restarted["pid"]
+    assert umask_of(target, second["pid"]) == "0027"
     assert second["spec_hash"] != restarted["spec_hash"]
     assert second["previous"]["pid"] == restarted["pid"]
     assert Path(target.log() + ".2").read_text() == old_log
@@ -327,6 +338,8 @@ def test_bad_input_fails_clearly_and_starts_nothing(local: Target, read_only_dir
         "remove root": ({"remove_paths": ["/tmp/.."]}, "remove_paths:"),
         "relative remove path": ({"remove_paths": ["tmp/x"]}, "remove_paths:"),
         "min_uptime beyond deadline": ({"min_uptime": 30, "startup_timeout": 5}, "min_uptime:"),
+        "unquoted umask": ({"umask": 18}, "umask: must be a string of 3 or 4 octal digits"),
+        "umask beyond 0777": ({"umask": "1777"}, "umask: must be a string of 3 or 4 octal digits"),
     }
     tasks = []
     for title, (options, _expected) in cases.items():

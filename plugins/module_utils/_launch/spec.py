@@ -36,6 +36,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds impor
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES, LaunchState
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import CAUSE_UNKNOWN, CAUSES
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import JOB_UMASK
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import check_expect_run_id
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -170,6 +171,9 @@ class LaunchOptions:
     # state=stopped only: the run the caller's look saw ("" for none); a newer live run is left alone
     # (the run-id fence, tree.supersedes). None: no fence.
     expect_run_id: str | None = None
+    # The file mode creation mask the job starts with (systemd's default for services); not part of
+    # the spec: a new umask takes effect at the next start and never restarts a job by itself.
+    umask: int = JOB_UMASK
 
     def launch_fields(self, resume: bool) -> dict[str, Any]:
         """What a start writes to launch.json besides its run id (`resume`: with resume_args appended)."""
@@ -186,6 +190,7 @@ class LaunchOptions:
             "group": spec.group,
             "spec_hash": spec.spec_hash,
             "log_path": self.log_path,
+            "umask": self.umask,
             # Not part of the spec: a new stall rule or metrics_dir takes effect at the next start
             # and never restarts a job by itself.
             **self.stored_health(),
@@ -464,6 +469,18 @@ def _stall_after(value: Any, progress_regex: Any) -> float | None:
     return seconds
 
 
+def _umask(value: Any) -> int:
+    """The umask option: a string of three or four octal digits, 0000 to 0777."""
+    text = "" if value is None else str(value)
+    if not re.fullmatch(r"[0-7]{3,4}", text) or int(text, 8) > 0o777:
+        why = ""
+        if isinstance(value, int):
+            why = " (an unquoted YAML number such as 0022 is read as another number: quote it, '0022')"
+        raise BadOption("umask", f"must be a string of 3 or 4 octal digits from 0000 to 0777, like '0022' "
+                        f"(got {text!r}){why}")
+    return int(text, 8)
+
+
 def _resume_args(args: Any) -> tuple[str, ...]:
     if args is None:
         return ()
@@ -534,6 +551,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     progress_regex = checks.check(_progress_regex, params.get("progress_regex"))
     stall_after = checks.check(_stall_after, params.get("stall_after"), params.get("progress_regex"))
     resume_args = checks.check(_resume_args, params.get("resume_args"))
+    umask = checks.check(_umask, f"{JOB_UMASK:04o}" if params.get("umask") is None else params["umask"])
     metrics_dir = checks.check(_absolute, "metrics_dir", params.get("metrics_dir") or None)
     metrics_host = checks.check(_metrics_host, metrics_dir, params.get("metrics_host"))
     metrics_rank0 = checks.check(_metrics_rank0, metrics_host, params.get("metrics_rank0"))
@@ -588,6 +606,7 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         metrics_host=metrics_host,
         metrics_rank0=metrics_rank0,
         expect_run_id=expect_run_id,
+        umask=JOB_UMASK if umask is None else int(umask),
     )
 
 
