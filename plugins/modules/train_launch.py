@@ -419,6 +419,29 @@ options:
         RV(guard_cleared) says how many.
     type: bool
     default: false
+  end_supervisor:
+    description:
+      - With O(state=stopped) only - also end the job's idle supervisor, as O(state=absent) does, but keep its records
+        (the relaunch history, incident records, the exit of its last run). A supervisor stays idle after its run
+        where nothing would reap it (PID 1 of a container or namespace that never reaps), and a later start
+        reuses it; ended, it may stay a zombie there until the container restarts. C(playbooks/stop.yml) sets it.
+    type: bool
+    default: false
+  wait_for:
+    description:
+      - With O(state=health) only - ask again (every half second) until RV(health.state) is one of these verdicts,
+        or O(wait_timeout) passes; then fail, naming the verdict seen last. The wait is in the module: a playbook
+        waiting for a stall needs no C(until)/C(retries) (whose C(FAILED - RETRYING) lines read as failures).
+      - Empty, the verdict is returned at once.
+    type: list
+    elements: str
+    choices: [running, stalled, finished, crashed, missing, stopped]
+    default: []
+  wait_timeout:
+    description:
+      - How long O(wait_for) waits, in seconds (0 to 86400).
+    type: float
+    default: 60
   expect_run_id:
     description:
       - With O(state=stopped) only. The run the caller's look saw, which this stop is for (the run-id fence) -
@@ -1044,6 +1067,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import MODULE_STATES, LaunchController, LaunchError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import HEALTH_WORDS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
 
 # One GPU query for the incident record may take this long (NVML can hang in the kernel).
@@ -1119,6 +1143,9 @@ def main() -> None:
             "metrics_host": {"type": "str"},
             "metrics_rank0": {"type": "str"},
             "expect_run_id": {"type": "str"},
+            "end_supervisor": {"type": "bool", "default": False},
+            "wait_for": {"type": "list", "elements": "str", "default": [], "choices": list(HEALTH_WORDS)},
+            "wait_timeout": {"type": "float", "default": 60},
         },
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,
