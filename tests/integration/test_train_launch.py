@@ -18,6 +18,7 @@ import pytest
 
 from tests.harness.launch_targets import DEMO, Target, in_pid_namespace, on_localhost, playbook_popen, readable_by_all
 from tests.harness.pidns import pid_namespace
+from tests.harness.playbook import REPO, run_playbook
 from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
@@ -293,6 +294,31 @@ def test_absent_stops_the_job_ends_its_idle_supervisor_and_removes_its_records(n
         "name": "linked", "state": "absent", "state_dir": ns.state_dir}}]).result("absent")
     assert linked["changed"] is True and linked["removed"] == [f"{ns.state_dir}/linked"], linked
     assert not (Path(ns.state_dir) / "linked").is_symlink() and (elsewhere / "run.json").read_text() == "{}"
+
+
+def test_the_stop_playbook_stops_the_job_and_ends_its_idle_supervisor(ns: Target) -> None:
+    """gpuops.relaunch.stop: the job of the named host (its job_launch_* variables) stopped, the supervisor that would
+    wait idle where PID 1 never reaps ended too, the records kept; check mode only says so; one line per host."""
+    started = ns.play([ns.launch_task()]).result("launch")
+    assert started["running"] is True
+    job_vars = {"stop_hosts": "ct", "job_launch_name": "job", "job_launch_state_dir": ns.state_dir,
+                "job_launch_log_path": ns.log(), "job_launch_term_timeout": 5}
+    stop_playbook = str(REPO / "playbooks" / "stop.yml")
+    would = run_playbook(stop_playbook, inventory=ns.inventory, extra_vars=job_vars, check=True)
+    assert would.rc == 0, would.stdout
+    assert f"ct [job]: would stop the job (pid {started['pid']}) with SIGTERM" in would.stdout
+    assert started["pid"] in ns.processes()
+    done = run_playbook(stop_playbook, inventory=ns.inventory, extra_vars=job_vars)
+    assert done.rc == 0, done.stdout
+    stopped = done.result("Stop the job, end its idle supervisor, keep its records")
+    assert stopped["changed"] is True and stopped["exit_code"] == 0, stopped
+    assert stopped["idle_supervisor"] == {"pid": started["supervisor_pid"], "signal": "SIGTERM", "sent": True}
+    assert f"ct [job]: stopped; its idle supervisor (pid {started['supervisor_pid']}) ended" in done.stdout
+    table = ns.processes()
+    assert not [proc for proc in table.values() if ns.mine(proc) and not proc.zombie]
+    # The ended supervisor stays a zombie of the never-reaping PID 1, and nothing else of the job.
+    assert [proc.pid for proc in table.values() if proc.zombie] == [started["supervisor_pid"]]
+    assert ns.read_state("job", "run.json")["run_id"] == started["run_id"]  # the records stay
 
 
 def test_remove_paths_before_start(local: Target) -> None:
