@@ -31,6 +31,9 @@ SAFEPATH_FILE = "safepath.py"
 JOBFILES_FILE = "jobfiles.py"
 IDLE_FILE = "idle.json"
 FAILED_START_FILE = "failed_start.json"
+# Relaunches after a failure over the job's whole life (relaunches.json keeps only the guard's window)
+# and the last failure's exit and cause: the live file's counter reads it (see guard.lifetime_record).
+LIFETIME_FILE = "lifetime.json"
 STATE_FILE_MODE = 0o600
 RUN_MARK = "GPUOPS_RELAUNCH_RUN"
 SUPERVISOR_MARK = "GPUOPS_RELAUNCH_SUPERVISOR"
