@@ -430,7 +430,7 @@ options:
   wait_for:
     description:
       - With O(state=health) only - ask again (every half second) until RV(health.state) is one of these verdicts,
-        or O(wait_timeout) passes; then fail, naming the verdict seen last. The wait is in the module: a playbook
+        or O(wait_timeout) passes; then fail, naming the verdict seen last. The wait is in the module, so a playbook
         waiting for a stall needs no C(until)/C(retries) (whose C(FAILED - RETRYING) lines read as failures).
       - Empty, the verdict is returned at once.
     type: list
