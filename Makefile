@@ -34,12 +34,21 @@ $(BUILD)/apt.stamp: Makefile
 	fi
 	@touch $@
 
+# The pip calls. A machine whose pip configuration (pip config list: here /root/.config/pip/pip.conf)
+# names local file:// indexes (extra-index-url file:///opt/pypi/simple) makes pip warn once per
+# package and index that has no directory there ("WARNING: Location 'file:///opt/pypi/simple/x/' is
+# ignored: it is neither a file nor a directory"): twenty lines that are the machine's, not ours.
+# PIP_FILTER drops exactly those lines; every other line, errors and other warnings, passes, and the
+# status is pip's (pipefail, see .SHELLFLAGS). sed -u: lines pass as pip writes them.
+PIP_INSTALL := $(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt
+PIP_FILTER  := sed -u "/^WARNING: Location 'file:[^']*' is ignored: /d"
+
 venv: $(VENV)/.installed
 # requirements/*.txt name ranges (what users install); constraints.txt pins the exact versions the
 # tests run with, so a fresh clone gets the same venv.
 $(VENV)/.installed: requirements/controller.txt requirements/test.txt requirements/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/test.txt
+	$(PIP_INSTALL) -r requirements/test.txt 2>&1 | $(PIP_FILTER)
 	@touch $@
 
 # What the demo runs: a controller's packages (requirements/controller.txt: ansible-core, proxmoxer,
@@ -47,7 +56,7 @@ $(VENV)/.installed: requirements/controller.txt requirements/test.txt requiremen
 demo-venv: $(VENV)/.installed-demo
 $(VENV)/.installed-demo: requirements/controller.txt requirements/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/controller.txt
+	$(PIP_INSTALL) -r requirements/controller.txt 2>&1 | $(PIP_FILTER)
 	@touch $@
 
 # Debian's prometheus (promtool and the server), prometheus-node-exporter and prometheus-alertmanager,

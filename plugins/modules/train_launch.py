@@ -207,6 +207,16 @@ options:
         swapped for a link into a place only root may reach is refused, never entered. A job that
         runs as root has it walked as O(log_path) is (no symlink another user can change).
     type: path
+  umask:
+    description:
+      - The job's file mode creation mask, a string of 3 or 4 octal digits from V(0000) to V(0777), quoted (an
+        unquoted C(0022) is a YAML number, 18, and is refused). The default is systemd's for a
+        service, so the job's checkpoints and outputs are readable by its group and others; V(0077) keeps them
+        private to the job's user. The same with both backends (the supervisor itself keeps 0077 for its records).
+      - Not part of the spec (see RV(spec_hash)), so a new value takes effect at the job's next start and never
+        restarts a running job by itself (O(force) does).
+    type: raw
+    default: "0022"
   env:
     description:
       - Environment variables for the job, on top of the clean base described above.
@@ -461,6 +471,29 @@ options:
         RV(guard_cleared) says how many.
     type: bool
     default: false
+  end_supervisor:
+    description:
+      - With O(state=stopped) only - also end the job's idle supervisor, as O(state=absent) does, but keep its records
+        (the relaunch history, incident records, the exit of its last run). A supervisor stays idle after its run
+        where nothing would reap it (PID 1 of a container or namespace that never reaps), and a later start
+        reuses it; ended, it may stay a zombie there until the container restarts. C(playbooks/stop.yml) sets it.
+    type: bool
+    default: false
+  wait_for:
+    description:
+      - With O(state=health) only - ask again (every half second) until RV(health.state) is one of these verdicts,
+        or O(wait_timeout) passes; then fail, naming the verdict seen last. The wait is in the module, so a playbook
+        waiting for a stall needs no C(until)/C(retries) (whose C(FAILED - RETRYING) lines read as failures).
+      - Empty, the verdict is returned at once.
+    type: list
+    elements: str
+    choices: [running, stalled, finished, crashed, missing, stopped]
+    default: []
+  wait_timeout:
+    description:
+      - How long O(wait_for) waits, in seconds (0 to 86400).
+    type: float
+    default: 60
   expect_run_id:
     description:
       - With O(state=stopped) only. The run the caller's look saw, which this stop is for (the run-id fence) -
@@ -1149,6 +1182,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.checkpoint
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.control import MODULE_STATES, LaunchController, LaunchError
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import fail_on_invalid_options
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import HEALTH_WORDS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import options_from_params
 
 # One GPU query for the incident record may take this long (NVML can hang in the kernel).
@@ -1196,6 +1230,7 @@ def main() -> None:
             "shell": {"type": "bool", "default": False},
             "chdir": {"type": "path"},
             "env": {"type": "dict", "default": {}},
+            "umask": {"type": "raw", "default": "0022"},
             "user": {"type": "str"},
             "group": {"type": "str"},
             "log_path": {"type": "path"},
@@ -1230,6 +1265,9 @@ def main() -> None:
             "checkpoint_missing": {"type": "str", "default": "fresh", "choices": ["fresh", "refuse"]},
             "checkpoint_step": {"type": "int"},
             "checkpoint_rename_torn": {"type": "bool", "default": False},
+            "end_supervisor": {"type": "bool", "default": False},
+            "wait_for": {"type": "list", "elements": "str", "default": [], "choices": list(HEALTH_WORDS)},
+            "wait_timeout": {"type": "float", "default": 60},
         },
         required_if=[("state", word, ("command", "log_path")) for word in PLANNING_STATES],
         supports_check_mode=True,

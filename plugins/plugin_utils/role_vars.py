@@ -126,6 +126,7 @@ VARIABLES: tuple[RoleVar, ...] = (
     _opt(_TL, "env"),
     _opt(_TL, "user"),
     _opt(_TL, "group"),
+    _opt(_TL, "umask"),
     _opt(_TL, "log_path", default=Template("/var/log/gpuops/{job_launch_name}.log"),
          notes=("Default C(/var/log/gpuops/NAME.log), after O(job_launch_name), so two jobs never share a log.",)),
     _opt(_TL, "keep_logs"),

@@ -172,8 +172,12 @@ def test_a_stalled_job_is_relaunched_with_evidence_and_resumed(site: Site) -> No
     # counts this relaunch and keeps what the probe saw; the health series are in the live file only.
     labels = {"gpuops_job": "health", "gpuops_host": "ct"}
     live_file = textfile(site, "gpuops_job_health.prom")
-    [run] = {dict(series).get("gpuops_run") for _name, series in live_file}  # one run's file: the resumed run's
+    # One run's file (the resumed run's), and the job's life across runs (no gpuops_run): one relaunch after a stall.
+    [run] = {dict(series)["gpuops_run"] for _name, series in live_file if "gpuops_run" in dict(series)}
     assert sample(live_file, "gpuops_job_health", **labels, gpuops_rank0="ct", gpuops_run=run, state="running") == 1
+    assert sample(live_file, "gpuops_job_relaunches_total", **labels, gpuops_rank0="ct") == 1
+    assert sample(live_file, "gpuops_job_last_failure", **labels, gpuops_rank0="ct", health="stalled", signal="",
+                  cause="unknown") == 1
     relaunch_file = textfile(site, "gpuops_relaunch_health.prom")
     assert sample(relaunch_file, "gpuops_job_recent_relaunches", **labels) == 1
     assert sample(relaunch_file, "gpuops_relaunch_probe_health", **labels, state="stalled") == 1

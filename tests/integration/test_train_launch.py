@@ -18,6 +18,7 @@ import pytest
 
 from tests.harness.launch_targets import DEMO, Target, in_pid_namespace, on_localhost, playbook_popen, readable_by_all
 from tests.harness.pidns import pid_namespace
+from tests.harness.playbook import REPO, run_playbook
 from tests.harness.procstates import wait_until
 
 pytestmark = pytest.mark.slow
@@ -47,6 +48,12 @@ def job_processes(target: Target, result: dict) -> dict:
                 members[proc.pid] = proc
                 pending.append(proc.pid)
     return members
+
+
+def umask_of(target: Target, pid: int) -> str:
+    """The Umask: line of a running process's /proc/PID/status (what the kernel applies to its new files)."""
+    status = Path(f"/proc/{target.host_pid(pid)}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:"))
 
 
 def test_lifecycle(target: Target, tmp_path: Path) -> None:
@@ -79,6 +86,9 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
         assert zombies == [], zombies
     table = target.processes()
     assert run["pid"] in table and not table[run["pid"]].zombie, "the job died with its launcher"
+    # The job's files are the user's: systemd's default umask, not the supervisor's own 0077.
+    assert umask_of(target, run["pid"]) == "0022"
+    assert umask_of(target, run["supervisor_pid"]) == "0077"
     # The supervisor runs its private copy (Ansible's temporary files are long gone), in a session
     # of its own, with stdin from /dev/null, stdout and stderr to the log, and no other fd open but
     # the two ends of its own wake-up pipe (signal.set_wakeup_fd: a SIGCHLD ends its wait at once).
@@ -111,9 +121,11 @@ def test_lifecycle(target: Target, tmp_path: Path) -> None:
     assert run["pid"] not in target.processes()
 
     # A spec change (one more env variable) with state=started restarts.
-    changed_spec = dict(start["gpuops.relaunch.train_launch"], env={"RUN": "2"})
+    # The umask option takes effect with it (alone it restarts nothing: it is not part of the spec).
+    changed_spec = dict(start["gpuops.relaunch.train_launch"], env={"RUN": "2"}, umask="0027")
     second = target.play([{"name": "launch", "gpuops.relaunch.train_launch": changed_spec}]).result("launch")
     assert second["changed"] is True and second["pid"] != restarted["pid"]
+    assert umask_of(target, second["pid"]) == "0027"
     assert second["spec_hash"] != restarted["spec_hash"]
     assert second["previous"]["pid"] == restarted["pid"]
     assert Path(target.log() + ".2").read_text() == old_log
@@ -284,6 +296,31 @@ def test_absent_stops_the_job_ends_its_idle_supervisor_and_removes_its_records(n
     assert not (Path(ns.state_dir) / "linked").is_symlink() and (elsewhere / "run.json").read_text() == "{}"
 
 
+def test_the_stop_playbook_stops_the_job_and_ends_its_idle_supervisor(ns: Target) -> None:
+    """gpuops.relaunch.stop: the job of the named host (its job_launch_* variables) stopped, the supervisor that would
+    wait idle where PID 1 never reaps ended too, the records kept; check mode only says so; one line per host."""
+    started = ns.play([ns.launch_task()]).result("launch")
+    assert started["running"] is True
+    job_vars = {"stop_hosts": "ct", "job_launch_name": "job", "job_launch_state_dir": ns.state_dir,
+                "job_launch_log_path": ns.log(), "job_launch_term_timeout": 5}
+    stop_playbook = str(REPO / "playbooks" / "stop.yml")
+    would = run_playbook(stop_playbook, inventory=ns.inventory, extra_vars=job_vars, check=True)
+    assert would.rc == 0, would.stdout
+    assert f"ct [job]: would stop the job (pid {started['pid']}) with SIGTERM" in would.stdout
+    assert started["pid"] in ns.processes()
+    done = run_playbook(stop_playbook, inventory=ns.inventory, extra_vars=job_vars)
+    assert done.rc == 0, done.stdout
+    stopped = done.result("Stop the job, end its idle supervisor, keep its records")
+    assert stopped["changed"] is True and stopped["exit_code"] == 0, stopped
+    assert stopped["idle_supervisor"] == {"pid": started["supervisor_pid"], "signal": "SIGTERM", "sent": True}
+    assert f"ct [job]: stopped; its idle supervisor (pid {started['supervisor_pid']}) ended" in done.stdout
+    table = ns.processes()
+    assert not [proc for proc in table.values() if ns.mine(proc) and not proc.zombie]
+    # The ended supervisor stays a zombie of the never-reaping PID 1, and nothing else of the job.
+    assert [proc.pid for proc in table.values() if proc.zombie] == [started["supervisor_pid"]]
+    assert ns.read_state("job", "run.json")["run_id"] == started["run_id"]  # the records stay
+
+
 def test_remove_paths_before_start(local: Target) -> None:
     cache = local.work / "torchinductor_root"
     (cache / "sub").mkdir(parents=True)
@@ -327,6 +364,8 @@ def test_bad_input_fails_clearly_and_starts_nothing(local: Target, read_only_dir
         "remove root": ({"remove_paths": ["/tmp/.."]}, "remove_paths:"),
         "relative remove path": ({"remove_paths": ["tmp/x"]}, "remove_paths:"),
         "min_uptime beyond deadline": ({"min_uptime": 30, "startup_timeout": 5}, "min_uptime:"),
+        "unquoted umask": ({"umask": 18}, "umask: must be a string of 3 or 4 octal digits"),
+        "umask beyond 0777": ({"umask": "1777"}, "umask: must be a string of 3 or 4 octal digits"),
     }
     tasks = []
     for title, (options, _expected) in cases.items():

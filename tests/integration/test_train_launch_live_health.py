@@ -27,6 +27,9 @@ pytestmark = pytest.mark.slow
 PROGRESS = r"^step (\d+) "
 HOST = 'gpu-node-7 "b"'  # an inventory hostname is any text: the label keeps it, escaped
 DEADLINE = 60
+# The live file's series of the job's whole life (its lifetime.json), without the run's label.
+LIFETIME_SERIES = {"gpuops_job_relaunches_total", "gpuops_job_last_failure", "gpuops_job_last_failure_timestamp_seconds",
+                   "gpuops_job_last_failure_exit_code"}
 
 
 @pytest.fixture(name="ns")
@@ -120,7 +123,20 @@ def test_the_node_keeps_the_live_file_through_progress_a_stop_a_kill_and_a_relau
     assert again["changed"] is True and again["health"]["state"] == "crashed" and again["pid"] != first["pid"]
     assert state_of(live(ns)) == "running"
     # Another run, other series: its failure alerts anew (Alertmanager groups by gpuops_run).
-    assert {dict(labels).get("gpuops_run") for _name, labels in live(ns)} == {again["run_id"]} != {run}
+    assert {dict(labels).get("gpuops_run") for name, labels in live(ns)
+            if name not in LIFETIME_SERIES} == {again["run_id"]} != {run}
+    # The job's life spans its runs: its relaunch counter and last failure carry no gpuops_run (a counter per
+    # run would start again at every relaunch). The failure it followed: crashed by SIGKILL, no exit code.
+    relaunched = live(ns)
+    job_labels = {key: value for key, value in labels(run).items() if key != "gpuops_run"}
+    assert sample(relaunched, "gpuops_job_relaunches_total", **job_labels) == 1
+    assert sample(relaunched, "gpuops_job_last_failure", **job_labels, health="crashed", signal="SIGKILL",
+                  cause="unknown") == 1
+    assert sample(relaunched, "gpuops_job_last_failure_timestamp_seconds", **job_labels) > 0
+    assert "gpuops_job_last_failure_exit_code" not in {name for name, _labels in relaunched}
+    if PROMTOOL.is_file():
+        checked = check_metrics(textfiles(ns) / "gpuops_job_job.prom")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
 
     # Stopped by train_launch: the file says so.
     once(ns, "stopped")

@@ -78,6 +78,8 @@ MODULE_STATES = STATE_WORDS + (ABSENT,)
 CHANGING_STATES = START_STATES + (LaunchState.STOPPED.value, ABSENT)
 # How long an idle supervisor may take to end after its SIGTERM (it has no child to wait for).
 IDLE_END_WAIT = 10.0
+# How often state=health with wait_for judges the job again (a look at its records, processes and log).
+HEALTH_WAIT_INTERVAL = 0.5
 
 
 class LaunchError(Exception):
@@ -166,6 +168,8 @@ class LaunchController:
         judge = JobJudge(options, self.records, self.python, self.wall_clock,
                          note_progress=not self.check_mode, settle_wait=EXIT_SETTLE_WAIT)
         judgement = judge.judge(history_cleared=options.reset_guard)
+        if options.wait_for:
+            judgement = self._wait_for_health(judge, judgement)
         status = judgement.status
         result["backend"] = status.backend
         result.update(run_fields(status.run))
@@ -267,6 +271,21 @@ class LaunchController:
 
     # --- health ----------------------------------------------------------------------------
 
+    def _wait_for_health(self, judge: JobJudge, judgement: Judgement) -> Judgement:
+        """state=health with wait_for: judge again until the verdict is one of wait_for or wait_timeout passes
+        (the last judgement is returned either way; _health_only says which)."""
+        wanted = self.options.wait_for
+        latest = [judgement]
+
+        def reached() -> bool:
+            if latest[-1].health.state.value in wanted:
+                return True
+            latest.append(judge.judge(history_cleared=self.options.reset_guard))
+            return latest[-1].health.state.value in wanted
+
+        Deadline(self.options.wait_timeout).poll(reached, HEALTH_WAIT_INTERVAL)
+        return latest[-1]
+
     def _health_only(self, result: dict[str, Any], judgement: Judgement) -> dict[str, Any]:
         """state=health: the verdict, and whether the guard would let a relaunch through; nothing changes."""
         options = self.options
@@ -280,6 +299,9 @@ class LaunchController:
         if judgement.active and not judgement.status.running:
             result["msg"] += " (processes of the run are still there)"
         result["log_tail"] = tail(result.get("log_path"), options.log_tail_lines)
+        if options.wait_for and judgement.health.state.value not in options.wait_for:
+            raise LaunchError(f"job {options.name} was not {' or '.join(options.wait_for)} within wait_timeout "
+                              f"{options.wait_timeout:g}s: {result['msg']}", result)
         return result
 
     # --- stopped ---------------------------------------------------------------------------
@@ -292,18 +314,34 @@ class LaunchController:
             result.update(exit_fields(self.records.read_exit(run.get("run_id")) if run else None))
             result["msg"] = "not running"
             result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
-            return result
+            return self._stopped_supervisor(result)
         result["changed"] = True
         if self.check_mode:
             result["running"] = True
             result["msg"] = (f"would stop the job (pid {run.get('pid')}) with SIGTERM, then SIGKILL after "
                              f"{self.options.term_timeout:g}s")
-            return result
+            return self._stopped_supervisor(result)
         executor = self._task_executor(judgement)
         outcome = self._execute(result, executor, executor.stop, run, judgement.recorded)
         _with_done(result, executor)
         result["log_tail"] = tail(result.get("log_path"), self.options.log_tail_lines)
         result["msg"] = "stopped" + (" (SIGKILL was needed)" if outcome.escalated else "")
+        return self._stopped_supervisor(result)
+
+    def _stopped_supervisor(self, result: dict[str, Any]) -> dict[str, Any]:
+        """With end_supervisor: the idle supervisor that stays where nothing reaps (see supervisor.py) is ended
+        too, as state=absent ends it; the records stay. In check mode it is only named."""
+        if not self.options.end_supervisor:
+            return result
+        idle = self._idle_supervisor()
+        if idle is None:
+            return result
+        result["changed"] = True
+        if self.check_mode:
+            result["msg"] += f"; would end its idle supervisor (pid {idle.get('supervisor_pid')})"
+            return result
+        self._end_idle_supervisor(result, idle)
+        result["msg"] += f"; its idle supervisor (pid {idle.get('supervisor_pid')}) ended"
         return result
 
     def _newer_run(self, judgement: Judgement) -> dict[str, Any] | None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.backends import LOG_MODE, Backend, RecordedRunProbe, make_backend
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import HISTORY_FILE, relaunch_entry, with_relaunch
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import (
+    HISTORY_FILE, lifetime_record, relaunch_entry, with_relaunch)
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.health import STOP_FILE, HealthReport, iso
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.judge import Judgement
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.live import live_path, refresh_once, remove_live_file
@@ -33,7 +34,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.records im
     run_fields,
 )
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.spec import LaunchOptions
-from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import FAILED_START_FILE, LAUNCH_FILE, utc_now
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import FAILED_START_FILE, LAUNCH_FILE, LIFETIME_FILE, utc_now
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import StopOutcome, look
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
@@ -179,6 +180,9 @@ class Executor:
             entry = relaunch_entry(now, self.health.run_id, self.health.state.value, judgement.guard_report)
             self.records.write(HISTORY_FILE, with_relaunch(list(judgement.history), entry, now,
                                                            self.options.relaunch_window))
+            # The lifetime count, and the failure it followed, outlive the window (the live file's counter).
+            self.records.write(LIFETIME_FILE, lifetime_record(self.records.read(LIFETIME_FILE), entry,
+                                                              self.health.as_dict()))
         replaced_exit = status.exit
         if judgement.active:
             self.stop(status.run, judgement.recorded)

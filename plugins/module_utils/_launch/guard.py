@@ -209,6 +209,26 @@ def history_entries(record: dict | None) -> list[dict[str, Any]]:
     return sorted(sound, key=lambda entry: entry["at"])
 
 
+def lifetime_record(previous: dict | None, entry: dict[str, Any], health: dict[str, Any]) -> dict[str, Any]:
+    """The new lifetime.json: one more relaunch after a failure, ever (reset_guard and the window leave the count
+    alone: a counter only grows), and the failure it followed (`entry`: relaunch_entry's; `health`: the
+    HealthReport's as_dict, for the exit code or signal)."""
+    before = (previous or {}).get("relaunches")
+    count = before if isinstance(before, int) and not isinstance(before, bool) and before >= 0 else 0
+    first = (previous or {}).get("first_at")
+    first_at = first if isinstance(first, (int, float)) and not isinstance(first, bool) else entry["at"]
+    return {
+        "relaunches": count + 1,
+        "first_at": first_at,
+        "first_at_iso": _iso(first_at),
+        "last_failure": {
+            "at": entry["at"], "at_iso": entry.get("at_iso"), "run_id": entry.get("run_id"),
+            "health": entry.get("health"), "cause": entry.get("cause"), "step": entry.get("step"),
+            "exit_code": health.get("exit_code"), "exit_signal": health.get("exit_signal"),
+        },
+    }
+
+
 def with_relaunch(history: list[dict[str, Any]], entry: dict[str, Any], now: float, window: float) -> dict[str, Any]:
     """The new relaunches.json: `entry` added, entries older than the window dropped."""
     kept = [old for old in history if _within(old, now, window)]

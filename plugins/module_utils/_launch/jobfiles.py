@@ -31,10 +31,23 @@ SAFEPATH_FILE = "safepath.py"
 JOBFILES_FILE = "jobfiles.py"
 IDLE_FILE = "idle.json"
 FAILED_START_FILE = "failed_start.json"
+# Relaunches after a failure over the job's whole life (relaunches.json keeps only the guard's window)
+# and the last failure's exit and cause: the live file's counter reads it (see guard.lifetime_record).
+LIFETIME_FILE = "lifetime.json"
 STATE_FILE_MODE = 0o600
 RUN_MARK = "GPUOPS_RELAUNCH_RUN"
 SUPERVISOR_MARK = "GPUOPS_RELAUNCH_SUPERVISOR"
 RECORD_READ_LIMIT = 1024 * 1024
+# The job's umask unless train_launch's umask option says otherwise: systemd's default for a service,
+# so the job's checkpoints and outputs are readable by the group and others as a login shell's would be
+# (the supervisor itself runs with 0077: its records are root's).
+JOB_UMASK = 0o022
+
+
+def job_umask(launch: dict) -> int:
+    """The umask a run of `launch` (launch.json) starts with; JOB_UMASK for a launch written before the option."""
+    value = launch.get("umask")
+    return value if isinstance(value, int) and 0 <= value <= 0o777 else JOB_UMASK
 
 
 def run_mark(job_dir: str, run_id: str) -> str:

@@ -271,10 +271,12 @@ class Monitor:
                     return None  # not (or no longer) this run's file to write
                 report = assess(self.job_dir, self.settings, run, alive, self.clock, seen=self.seen)
                 textfile = _textfile()
+                lifetime = jobfiles.read_json(os.path.join(self.job_dir, jobfiles.LIFETIME_FILE))
                 text = textfile.render(textfile.live_metrics(self.settings.job, self.settings.host, report.as_dict(),
                                                              round(self.clock(), 3), rank0=self.settings.rank0,
                                                              run=self.run_id, checkpoint_step=self.checkpoint_step(),
-                                                             gpus=self.look_at_gpus(run, ended=report.state.value != "running")))
+                                                             gpus=self.look_at_gpus(run, ended=report.state.value != "running"),
+                                                             lifetime=lifetime))
                 textfile.write_textfile(self.settings.directory, self.settings.file_name, text)
         except Exception as exc:  # pylint: disable=broad-except
             problem = "gpuops live health: cannot write %s: %s" % (self.settings.path, exc)

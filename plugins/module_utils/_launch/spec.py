@@ -34,8 +34,10 @@ from typing import Any, Callable, Mapping, Pattern
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import MAX_TIMEOUT, check_seconds, check_timeout
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.verdict import HEALTH_WORDS
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.decision import PLANNING_STATES, LaunchState
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard import CAUSE_UNKNOWN, CAUSES
+from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.jobfiles import JOB_UMASK
 from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.tree import check_expect_run_id
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -181,6 +183,15 @@ class LaunchOptions:
     checkpoint_missing: str = "fresh"
     checkpoint_step: int | None = None
     checkpoint_rename_torn: bool = False
+    # The file mode creation mask the job starts with (systemd's default for services); not part of
+    # the spec: a new umask takes effect at the next start and never restarts a job by itself.
+    umask: int = JOB_UMASK
+    # state=health only: ask again until the verdict is one of these (a poll with wait_timeout as its
+    # deadline, in the module, not Ansible retries); empty: answer at once.
+    wait_for: tuple[str, ...] = ()
+    wait_timeout: float = 60.0
+    # state=stopped only: end the job's idle supervisor too (as state=absent does), keeping the records.
+    end_supervisor: bool = False
 
     def launch_fields(self, resume: bool) -> dict[str, Any]:
         """What a start writes to launch.json besides its run id (`resume`: with resume_args appended)."""
@@ -197,6 +208,7 @@ class LaunchOptions:
             "group": spec.group,
             "spec_hash": spec.spec_hash,
             "log_path": self.log_path,
+            "umask": self.umask,
             # Not part of the spec: a new stall rule or metrics_dir takes effect at the next start
             # and never restarts a job by itself.
             **self.stored_health(),
@@ -504,6 +516,32 @@ def _stall_after(value: Any, progress_regex: Any) -> float | None:
     return seconds
 
 
+def _wait_for(words: Any, state: str) -> tuple[str, ...]:
+    """The health verdicts state=health waits for (HEALTH_WORDS)."""
+    if not words:
+        return ()
+    if state != LaunchState.HEALTH.value:
+        raise BadOption("wait_for", f"only with state=health (a verdict to wait for), not with state={state}")
+    checked = tuple(str(word) for word in words)
+    unknown = [word for word in checked if word not in HEALTH_WORDS]
+    if unknown:
+        raise BadOption("wait_for", f"{', '.join(map(repr, unknown))}: not a health verdict "
+                        f"(one of {', '.join(HEALTH_WORDS)})")
+    return checked
+
+
+def _umask(value: Any) -> int:
+    """The umask option: a string of three or four octal digits, 0000 to 0777."""
+    text = "" if value is None else str(value)
+    if not re.fullmatch(r"[0-7]{3,4}", text) or int(text, 8) > 0o777:
+        why = ""
+        if isinstance(value, int):
+            why = " (an unquoted YAML number such as 0022 is read as another number: quote it, '0022')"
+        raise BadOption("umask", f"must be a string of 3 or 4 octal digits from 0000 to 0777, like '0022' "
+                        f"(got {text!r}){why}")
+    return int(text, 8)
+
+
 def _resume_args(args: Any) -> tuple[str, ...]:
     if args is None:
         return ()
@@ -592,6 +630,12 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
     progress_regex = checks.check(_progress_regex, params.get("progress_regex"))
     stall_after = checks.check(_stall_after, params.get("stall_after"), params.get("progress_regex"))
     resume_args = checks.check(_resume_args, params.get("resume_args"))
+    wait_for = checks.check(_wait_for, params.get("wait_for"), state)
+    wait_timeout = checks.check(check_timeout, "wait_timeout",
+                                60.0 if params.get("wait_timeout") is None else params["wait_timeout"])
+    if params.get("end_supervisor") and state != LaunchState.STOPPED.value:
+        checks.add("end_supervisor", f"only with state=stopped (state=absent ends it anyway), not with state={state}")
+    umask = checks.check(_umask, f"{JOB_UMASK:04o}" if params.get("umask") is None else params["umask"])
     metrics_dir = checks.check(_absolute, "metrics_dir", params.get("metrics_dir") or None)
     metrics_host = checks.check(_metrics_host, metrics_dir, params.get("metrics_host"))
     metrics_rank0 = checks.check(_metrics_rank0, metrics_host, params.get("metrics_rank0"))
@@ -661,6 +705,10 @@ def options_from_params(params: Mapping[str, Any]) -> LaunchOptions:
         checkpoint_missing=params.get("checkpoint_missing") or "fresh",
         checkpoint_step=checkpoint_step,
         checkpoint_rename_torn=bool(params.get("checkpoint_rename_torn")),
+        umask=JOB_UMASK if umask is None else int(umask),
+        wait_for=wait_for or (),
+        end_supervisor=bool(params.get("end_supervisor")),
+        wait_timeout=float(60.0 if wait_timeout is None else wait_timeout),
     )
 
 

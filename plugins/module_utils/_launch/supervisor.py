@@ -397,6 +397,8 @@ class Supervisor:
         if extra_groups is not None:
             kwargs["extra_groups"] = extra_groups
         chdir = launch.get("chdir")
+        # This program's own umask (0077, see spawn_detached) is not the job's.
+        umask = jobfiles.job_umask(launch)
         # Why the working directory could not be entered, from the child (non-inheritable: exec closes it).
         reason_read, reason_write = os.pipe()
 
@@ -405,6 +407,7 @@ class Supervisor:
             # setregid, setreuid come before preexec_fn), never cwd=, which changes directory as root.
             # A group of its own: the job and every child that stays in it are found by group id.
             os.setpgrp()
+            os.umask(umask)
             try:
                 enter_working_directory(chdir)
             except OSError as exc:
@@ -676,6 +679,7 @@ def exec_job(job_dir: str, run_id: str) -> int:
     argv = launch["argv"]
     try:
         take_job_identity(uid, gid, extra_groups)
+        os.umask(jobfiles.job_umask(launch))
         # As the job's user, never as root (see enter_working_directory); systemd's WorkingDirectory=
         # would have PID 1 change into it as root, following whatever link the job's user put there.
         enter_working_directory(launch.get("chdir"))

@@ -80,11 +80,12 @@ class MetricsWriteError(Exception):
 
 @dataclass
 class Family:
-    """One metric: its name, its help, and its samples (labels in order, value), all gauges."""
+    """One metric: its name, its help, and its samples (labels in order, value); a gauge unless `kind` says counter."""
 
     name: str
     help: str
     samples: list[tuple[tuple[tuple[str, str], ...], float]] = field(default_factory=list)
+    kind: str = "gauge"
 
     def add(self, value: float | None, **labels: str) -> None:
         """One sample; a value that is None or not finite is left out."""
@@ -188,12 +189,15 @@ LIVE_FILE_PREFIX = "gpuops_job_"
 
 def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, rank0: str | None = None,
                  run: str | None = None, gpus: Mapping[str, Any] | None = None,
-                 checkpoint_step: int | None = None) -> list[Family]:
+                 checkpoint_step: int | None = None, lifetime: Mapping[str, Any] | None = None) -> list[Family]:
     """The job's live file: its health as the node judged it at `now` (train_launch's health, as
     HealthReport.as_dict() says it), and when. Labelled as every series of the collection, with the
     job's rank 0 (`rank0`; unset, `host`) and, where given, the run judged (`run`, its run_id).
-    `gpus`: the job's GPUs as the node last looked at them (_gpu/live_gpus.GpuWatch.look), if it has any."""
+    `gpus`: the job's GPUs as the node last looked at them (_gpu/live_gpus.GpuWatch.look), if it has any.
+    `checkpoint_step`: the newest complete checkpoint's step, where the job has a checkpoint_dir.
+    `lifetime`: the job's lifetime.json (see lifetime_families), where it has one."""
     labels = {JOB_LABEL: job, HOST_LABEL: check_host(host), RANK0_LABEL: check_host(rank0 or host, "rank0")}
+    job_labels = dict(labels)
     if run:
         labels[RUN_LABEL] = check_run(run)
     families = _health_families(_mapping(health, "health"), labels, health.get("state"), "as the node judged it last")
@@ -204,7 +208,8 @@ def live_metrics(job: str, host: str, health: Mapping[str, Any], now: float, ran
         newest = Family("gpuops_job_checkpoint_step", "The step of the job's newest complete checkpoint.")
         newest.add(float(checkpoint_step), **labels)
         families.append(newest)
-    return families + [judged] + (_gpu_families(gpus, labels) if gpus else [])
+    return (families + [judged] + (_gpu_families(gpus, labels) if gpus else [])
+            + lifetime_families(lifetime or {}, job_labels))
 
 
 # What a GPU's verdict can be (gpu_health's words for one GPU), in the vocabulary's order.
@@ -239,6 +244,39 @@ def _gpu_families(look: Mapping[str, Any], labels: Mapping[str, str]) -> list[Fa
     looked = Family("gpuops_gpu_look_timestamp_seconds", "When the node last looked at the job's GPUs, in seconds since the epoch.")
     looked.add(_step(look.get("at")), **labels)
     return [health, recovery, last_xid, last_xid_at, quarantined, answered, looked]
+
+
+# A word of the job's records as a label value: what train_launch writes there, else "unknown".
+_RECORD_WORD = re.compile(r"[a-z_]{1,32}")
+_SIGNAL_NAME = re.compile(r"SIG[A-Z0-9+-]{1,16}")
+
+
+def lifetime_families(lifetime: Mapping[str, Any], labels: Mapping[str, str]) -> list[Family]:
+    """The job's lifetime.json (train_launch's guard.lifetime_record) as series without the run's label, since
+    they span runs: the relaunches after a failure, ever (a counter: the crash-loop guard's window and its
+    reset leave it alone), and the last failure's time, exit code and signal, health and cause."""
+    if not isinstance(lifetime, Mapping):
+        return []
+    count = lifetime.get("relaunches")
+    total = Family("gpuops_job_relaunches_total", "Relaunches after a failure over the job's life, "
+                   "not only within the crash-loop guard's window.", kind="counter")
+    total.add(float(count) if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None, **labels)
+    failure = lifetime.get("last_failure") if isinstance(lifetime.get("last_failure"), Mapping) else {}
+    at = Family("gpuops_job_last_failure_timestamp_seconds",
+                "When the job was last relaunched after a failure, in seconds since the epoch.")
+    code = Family("gpuops_job_last_failure_exit_code", "The exit code of the last failed run, where it exited with one.")
+    info = Family("gpuops_job_last_failure", "1, labelled with the last failure: the health it was relaunched from "
+                  "(crashed, stalled, missing), the signal that ended it (empty for none) and its cause (unknown, hardware).")
+    if failure:
+        at_value, exit_code = failure.get("at"), failure.get("exit_code")
+        at.add(float(at_value) if isinstance(at_value, (int, float)) and not isinstance(at_value, bool) else None, **labels)
+        code.add(float(exit_code) if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None, **labels)
+        words = {key: str(failure.get(key)) for key in ("health", "cause")}
+        signal = str(failure.get("exit_signal") or "")
+        info.add(1.0, **labels, health=words["health"] if words["health"] in HEALTH_WORDS else "unknown",
+                 signal=signal if _SIGNAL_NAME.fullmatch(signal) else "",
+                 cause=words["cause"] if _RECORD_WORD.fullmatch(words["cause"]) else "unknown")
+    return [total, at, code, info]
 
 
 def job_metrics(job: str, summary: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]], now: float,
@@ -388,7 +426,7 @@ def render(families: Iterable[Family]) -> str:
         if not family.samples:
             continue
         lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
-        lines.append(f"# TYPE {family.name} gauge")
+        lines.append(f"# TYPE {family.name} {family.kind}")
         for labels, value in family.samples:
             pairs = ",".join(f'{name}="{escape_label_value(text)}"' for name, text in labels)
             lines.append(f"{family.name}{{{pairs}}} {format_value(value)}" if pairs else f"{family.name} {format_value(value)}")

@@ -262,3 +262,40 @@ def test_a_start_that_fails_is_the_relaunchs_own_failure_never_missing(
     if not counted:
         # A plain start, without resume_args: the job did not fail, its relaunch did.
         assert probe["operation"] == "start" and probe["resumed"] is False and probe["decision"]["resume"] is False
+
+
+def test_health_waits_in_the_module_for_the_verdict_asked_for(tmp_path, job, monkeypatch) -> None:
+    """wait_for: judged again until the verdict comes (here the exit record appears after the first look)."""
+    judge = control.JobJudge.judge
+    looks = []
+
+    def judge_and_then_exit(self, *args, **kwargs):
+        looks.append(1)
+        if len(looks) == 2:  # the run ends between the first and the second look
+            (job / "exit.json").write_text(json.dumps({"run_id": "r1", "exit_code": 3, "exit_signal": None,
+                                                       "ended_at": "t"}))
+        return judge(self, *args, **kwargs)
+
+    monkeypatch.setattr(control.JobJudge, "judge", judge_and_then_exit)
+    monkeypatch.setattr(control, "HEALTH_WAIT_INTERVAL", 0.0)
+    result = apply(tmp_path, state="health", command=None, wait_for=["crashed"], wait_timeout=60)
+    assert result["health"]["state"] == "crashed" and result["msg"].startswith("crashed: ")
+    assert len(looks) == 2 and result["changed"] is False
+
+
+def test_health_that_does_not_come_fails_naming_the_last_verdict(tmp_path, job) -> None:
+    with pytest.raises(LaunchError) as caught:
+        apply(tmp_path, state="health", command=None, wait_for=["stalled"], wait_timeout=0)
+    assert str(caught.value).startswith("job job was not stalled within wait_timeout 0s: missing: ")
+    assert caught.value.result["health"]["state"] == "missing"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"state": "started", "wait_for": ["stalled"]}, "wait_for: only with state=health"),
+    ({"state": "health", "command": None, "wait_for": ["hung"]}, "wait_for: 'hung': not a health verdict"),
+    ({"state": "health", "command": None, "end_supervisor": True}, "end_supervisor: only with state=stopped"),
+])
+def test_wait_for_and_end_supervisor_are_refused_where_they_mean_nothing(tmp_path, overrides, message) -> None:
+    with pytest.raises(control.OptionsInvalid) as caught:
+        options_from_params(params(tmp_path, **overrides))
+    assert message in str(caught.value)

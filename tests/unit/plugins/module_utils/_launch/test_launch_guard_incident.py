@@ -15,6 +15,7 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._launch.guard impo
     RelaunchGuard,
     counts,
     history_entries,
+    lifetime_record,
     relaunch_entry,
     with_relaunch,
 )
@@ -135,6 +136,23 @@ def test_the_history_is_read_soundly_and_pruned() -> None:
     assert history_entries(None) == [] and history_entries({"relaunches": "no"}) == []
     updated = with_relaunch([{"at": 1.0}, {"at": 95.0}], {"at": 100.0}, 100.0, 10.0)
     assert updated == {"relaunches": [{"at": 95.0}, {"at": 100.0}]}
+
+
+def test_the_lifetime_count_outlives_the_window_and_keeps_the_last_failure() -> None:
+    guard = RelaunchGuard(3, 10.0)
+    history: list = []
+    lifetime = None
+    for at, code, signal in ((0.0, 3, None), (50.0, None, "SIGKILL"), (100.0, 1, None)):
+        entry = relaunch_entry(at, f"run{at:g}", "crashed", guard.report(history, at, True))
+        history = with_relaunch(history, entry, at, 10.0)["relaunches"]
+        lifetime = lifetime_record(lifetime, entry, {"exit_code": code, "exit_signal": signal})
+    # The guard's window holds the last relaunch only; the job's life all three.
+    assert len(history) == 1 and lifetime["relaunches"] == 3 and lifetime["first_at"] == 0.0
+    assert lifetime["last_failure"] == {"at": 100.0, "at_iso": "1970-01-01T00:01:40+00:00", "run_id": "run100",
+                                        "health": "crashed", "cause": "unknown", "step": None, "exit_code": 1,
+                                        "exit_signal": None}
+    # A record that is not sound starts the count again rather than failing the relaunch.
+    assert lifetime_record({"relaunches": "many", "first_at": True}, entry, {})["relaunches"] == 1
 
 
 def test_incident_records_one_per_run_newest_kept(tmp_path) -> None:

@@ -55,6 +55,14 @@ def test_hash_is_stable_and_sees_every_part() -> None:
     assert len({spec.spec_hash} | {v.spec_hash for v in variants}) == 6
 
 
+def test_the_umask_goes_to_the_launch_but_not_into_the_hash(tmp_path) -> None:
+    default = options_from_params(params(tmp_path))
+    private = options_from_params(params(tmp_path, umask="0077"))
+    assert default.launch_fields(False)["umask"] == 0o022 and private.launch_fields(False)["umask"] == 0o077
+    assert options_from_params(params(tmp_path, umask="027")).umask == 0o027
+    assert default.spec.spec_hash == private.spec.spec_hash
+
+
 def test_env_order_does_not_change_the_hash(tmp_path) -> None:
     one = options_from_params(params(tmp_path, env={"A": "1", "B": "2"}))
     two = options_from_params(params(tmp_path, env={"B": "2", "A": "1"}))
@@ -143,6 +151,11 @@ def test_job_environment_is_clean_plus_env(tmp_path) -> None:
         ({"command": ["python3"], "env": {"PATH": "/nonexistent-dir-gpuops"}}, "on PATH /nonexistent-dir-gpuops"),
         ({"command": ["./train.sh"], "chdir": "/tmp"}, "command: './train.sh' is not an executable file in /tmp"),
         ({"command": ["/etc/passwd"]}, "command: '/etc/passwd' is not an executable file for user"),
+        ({"umask": 18}, "umask: must be a string of 3 or 4 octal digits from 0000 to 0777, like '0022' (got '18') "
+                        "(an unquoted YAML number"),
+        ({"umask": "1777"}, "umask: must be a string of 3 or 4 octal digits"),
+        ({"umask": "0o22"}, "umask: must be a string of 3 or 4 octal digits"),
+        ({"umask": "08"}, "umask: must be a string of 3 or 4 octal digits"),
     ],
 )
 def test_bad_input_names_the_option(tmp_path, overrides, message) -> None:

@@ -177,6 +177,25 @@ def test_a_failed_relaunch_leaves_the_health_after_it_unknown():
     assert value(samples, "gpuops_relaunch_probe_health", gpuops_host=HOST, gpuops_job="llm", state="stalled") == 1
 
 
+def test_the_live_file_carries_the_jobs_lifetime_without_the_runs_label():
+    lifetime = {"relaunches": 4, "first_at": 1.0, "last_failure": {
+        "at": 1764691200.5, "health": "crashed", "cause": "hardware", "exit_code": None, "exit_signal": "SIGKILL"}}
+    text = render(live_metrics("llm", "gpu1", {"state": "running"}, 1764691300.0, run="r1", lifetime=lifetime))
+    job = 'gpuops_host="gpu1",gpuops_job="llm",gpuops_rank0="gpu1"'.split(",")
+    assert "# TYPE gpuops_job_relaunches_total counter\n" in text
+    assert f"gpuops_job_relaunches_total{{{job[1]},{job[0]},{job[2]}}} 4\n" in text
+    assert ('gpuops_job_last_failure{gpuops_job="llm",gpuops_host="gpu1",gpuops_rank0="gpu1",health="crashed",'
+            'signal="SIGKILL",cause="hardware"} 1\n') in text
+    assert "gpuops_job_last_failure_timestamp_seconds{" in text and "gpuops_job_last_failure_exit_code" not in text
+    # A record that says more than train_launch writes is not a label value; none, no series.
+    odd = {"relaunches": True, "last_failure": {"health": "x" * 99, "cause": "Evil\n", "exit_signal": "kill -9",
+                                                "exit_code": 3}}
+    text = render(live_metrics("llm", "gpu1", {"state": "running"}, 1.0, run="r1", lifetime=odd))
+    assert "gpuops_job_relaunches_total" not in text and "gpuops_job_last_failure_exit_code{" in text
+    assert 'health="unknown",signal="",cause="unknown"} 1' in text
+    assert "gpuops_job_last_failure" not in render(live_metrics("llm", "gpu1", {"state": "running"}, 1.0, run="r1"))
+
+
 def test_a_job_with_a_live_file_has_its_health_series_there_and_nowhere_else():
     relaunch = parse(render(job_metrics("llm", summary(live_metrics="/m/gpuops_job_llm.prom"), GPUS, NOW, HOST)))
     health = {"state": "running", "since_progress": 4.5, "last_step": "7", "last_progress_at": "2026-01-01T00:00:00+00:00"}
