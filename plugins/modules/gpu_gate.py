@@ -87,7 +87,7 @@ options:
   reset_node:
     description:
       - The Proxmox node that owns this container's GPUs (its inventory hostname). Set, no reset is done
-        from here (a container cannot reset a GPU of its node): where O(reset_allowed) is true the answer is
+        from here (a container cannot reset a GPU of its node); where O(reset_allowed) is true the answer is
         V(reset), naming the node (RV(reset_node)) and the GPUs' UUIDs (RV(reset_uuids)).
     type: str
     default: ""
