@@ -82,6 +82,9 @@ def node_reset_answer(answer: Any) -> dict[str, Any] | None:
     began), checked; None where none was given. A GPU counts as reset only with a GPU UUID and ``done`` true."""
     if not answer:
         return None
+    if isinstance(answer, Mapping) and answer.get("unreachable") is True:
+        # The node could not be reached (the role's task ignores that, so that this look refuses with why).
+        return {"reset": [], "at": 0.0, "unreachable": f"the node could not be reached: {escape_controls(str(answer.get('msg') or ''))[:400]}"}
     resets = answer.get("reset") if isinstance(answer, Mapping) else None
     at = answer.get("at") if isinstance(answer, Mapping) else None
     if not isinstance(resets, list) or not all(isinstance(entry, Mapping) for entry in resets) or isinstance(at, bool) \
@@ -93,7 +96,7 @@ def node_reset_answer(answer: Any) -> dict[str, Any] | None:
         entry["done"] = entry["done"] is True and is_gpu_uuid(entry["uuid"])
         entry["uuid"] = escape_controls(str(entry["uuid"] or ""))[:80]
         entry["why"] = escape_controls(str(entry["why"] or ""))[:400]
-    return {"reset": entries, "at": float(at)}
+    return {"reset": entries, "at": float(at), "unreachable": ""}
 
 
 def _look(options: GateOptions, since: float) -> dict[str, Any]:
@@ -151,7 +154,7 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
     decision = decide(health, record["gpus"], options.policy, reset_done=node is not None)
     health_after = None
     if node is not None:
-        failed = [entry["why"] for entry in resets if not entry["done"]]
+        failed = [entry["why"] for entry in resets if not entry["done"]] + [node["unreachable"]] * bool(node["unreachable"])
         if failed and decision["outcome"] == REFUSE:
             decision["why"] += f"; on the node {escape_controls(options.policy.owner)}: " + "; ".join(failed)
     elif decision["outcome"] == RESET and decision["reset_on"]:

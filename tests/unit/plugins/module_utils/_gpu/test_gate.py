@@ -93,6 +93,8 @@ def test_the_node_s_answer_is_checked_before_the_gate_counts_a_reset():
     assert [entry["done"] for entry in answer["reset"]] == [True, False] and answer["at"] == 5.0
     assert answer["reset"][1]["why"] == "\\x1b[2J"
     assert node_reset_answer(None) is None and node_reset_answer({}) is None
+    unreached = node_reset_answer({"unreachable": True, "msg": "ssh: connect to host pve1 port 22: No route"})
+    assert unreached["reset"] == [] and "could not be reached: ssh: connect" in unreached["unreachable"]
     for bad in ({"reset": "x", "at": 1}, {"reset": [], "at": float("nan")}, {"reset": [], "at": True}, ["x"]):
         with pytest.raises(BadOption) as caught:
             node_reset_answer(bad)
