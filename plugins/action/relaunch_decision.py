@@ -17,7 +17,7 @@ from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow impo
     RelaunchInputError, awx_job, check_fleet_wide, check_rank_names, check_ranks, check_ranks_in_inventory, check_ranks_in_slice, check_strategy,
     decide, rank_of,
 )
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import STEP_NAMES, StepRunner, relaunch_steps
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import STEP_NAMES, StepRunner, check_gpu_node, relaunch_steps
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_options import options_from_variables
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_spec import role_variable_errors
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.role_vars import name_the_variables, unknown_variables
@@ -55,6 +55,8 @@ class ActionModule(CheckedAction):
         if problems:
             return self._fail(result, host, None, f"{host}: nothing was done: " + "; ".join(problems), args, task_vars)
         try:
+            check_gpu_node(host, self._templar.template(task_vars.get("relaunch_gpu_node")),
+                           [str(name) for name in (task_vars.get("groups") or {}).get("all") or []])
             rank = self._rank(host, args, task_vars)
         except RelaunchInputError as exc:
             return self._fail(result, host, None, str(exc), args, task_vars)
@@ -77,8 +79,10 @@ class ActionModule(CheckedAction):
         if rank is None and decision["relaunch"]:
             relaunched = self._relaunch(decision, host, task_vars, launch=True)
             # Only a container reboot helps: the role reboots, looks again and launches (roles/relaunch/tasks/steps.yml).
+            # So does a GPU its Proxmox node must reset: the role resets it there, the gate looks again, it launches
+            # (roles/relaunch/tasks/gpu_node_reset.yml).
             # The GPU gate's refusal ends it here (refused in the summary, as the crash-loop guard's refusal).
-            done = not relaunched["reset"] or bool(relaunched["refused"])
+            done = not (relaunched["reset"] or relaunched["node_reset"]) or bool(relaunched["refused"])
         if probe.get("diff"):
             # --diff: what a restart would change in the job's spec (command, env, log path, backend ...).
             result["diff"] = probe["diff"]
@@ -91,6 +95,7 @@ class ActionModule(CheckedAction):
         if relaunched is not None:
             result["steps"] = relaunched["steps"]
             result["ansible_facts"]["relaunch_clearance"] = relaunched["steps"]["clearance"]
+            result["gpu_node_reset"] = relaunched["node_reset"]
             if relaunched["launch_env"] is not None:
                 # The GPU gate left GPUs out: the launch after a container reboot (steps.yml) gets its CUDA_VISIBLE_DEVICES.
                 result["launch_options"] = dict(launch_options, env=relaunched["launch_env"])
@@ -145,11 +150,14 @@ class ActionModule(CheckedAction):
                   launch_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """This host's steps after a decision to relaunch (plugin_utils/relaunch_steps), on this task's connection."""
         job = options_from_variables("train_launch", self._templar.template, task_vars)
+        # A container's GPU reset on its node (gpu_reset there) waits as long as the gate's own reset would.
+        node_wait = options_from_variables("gpu_gate", self._templar.template, task_vars).get("reset_timeout")
         return relaunch_steps(self._step_runner(task_vars), decision,
                               _true(self._templar.template(task_vars.get("container_reset_allowed"))),
                               bool(self._task.check_mode), host, launch=launch,
                               gate=self._gate_options(job, task_vars),
-                              launch_env=launch_env if launch_env is not None else job.get("env") or {})
+                              launch_env=launch_env if launch_env is not None else job.get("env") or {},
+                              node_reset_timeout=node_wait)
 
     def _gate_options(self, job: Mapping[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         """gpu_gate's options that are the job's and the drain's (its own come from its role variables): the
@@ -248,6 +256,7 @@ class ActionModule(CheckedAction):
             steps = relaunched["steps"]
             answer.update(steps=steps, changed=_changed(steps))
             answer["ansible_facts"]["relaunch_clearance"] = steps["clearance"]
+            answer["gpu_node_reset"] = relaunched["node_reset"]
             if relaunched["launch_env"] is not None:
                 answer["launch_options"] = {"env": relaunched["launch_env"], "metrics_rank0": rank.ranks[0]}
             if relaunched["refused"]:

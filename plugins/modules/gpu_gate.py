@@ -14,10 +14,13 @@ description:
     decides from that look and the host's quarantine record.
   - "V(launch): every GPU healthy and none quarantined; or, where the job can run on fewer (O(min_gpus)),
     on the healthy ones, named by UUID in RV(cuda_visible_devices)."
-  - "V(reset) is never an answer: a GPU that only a reset clears is reset here when O(reset_allowed) is true,
-    O(reset_node) is empty and enough GPUs remain usable; then it looks again and decides again. The reset is
+  - "A GPU that only a reset clears is reset here when O(reset_allowed) is true, O(reset_node) is empty and
+    enough GPUs remain usable; then it looks again and decides again. The reset is
     C(nvidia-smi --gpu-reset -i N), only once no process holds the GPU's device file and NVML lists none on it
     (looked at without sending any signal, until O(reset_timeout))."
+  - "V(reset): the same GPU in a container whose GPUs its Proxmox node owns (O(reset_node)): the node resets it
+    (M(gpuops.relaunch.gpu_reset) there, by RV(reset_uuids)); this module's second run, given the node's answer
+    in O(node_reset), looks again and decides as after a reset of its own. Otherwise never an answer."
   - "V(refuse): a GPU that needs a host reboot, is lost or needs service, one a reset did not clear or could not
     reset, or one quarantined earlier, where the job cannot run without it; RV(bad) holds the evidence of
     each (index, UUID, bus id, the XIDs with time and text, the recovery action, the remap counts)."
@@ -84,9 +87,17 @@ options:
   reset_node:
     description:
       - The Proxmox node that owns this container's GPUs (its inventory hostname). Set, no reset is done
-        from here (a container cannot reset a GPU of its node); the refusal names the node.
+        from here (a container cannot reset a GPU of its node); where O(reset_allowed) is true the answer is
+        V(reset), naming the node (RV(reset_node)) and the GPUs' UUIDs (RV(reset_uuids)).
     type: str
     default: ""
+  node_reset:
+    description:
+      - The answer of M(gpuops.relaunch.gpu_reset) on the node O(reset_node), after a V(reset) answer - its
+        C(reset) (each GPU's C(index), C(uuid), C(done), C(holders), C(why)) and C(at) (when it began).
+        Given, this run is the look again after that reset - XIDs from before it do not count, a GPU
+        still bad is not reset again, and a GPU the node could not reset (still held) refuses the job, naming why.
+    type: dict
   min_gpus:
     description:
       - The fewest GPUs the job can run on. V(0) means every GPU of O(devices); more than 0, the job
@@ -133,6 +144,26 @@ EXAMPLES = r"""
     reset_allowed: true
   register: gate
 
+- name: In a Proxmox container, the node pve1 resets a GPU that needs it (the relaunch role does this)
+  gpuops.relaunch.gpu_gate:
+    reset_allowed: true
+    reset_node: pve1
+  register: gate
+
+- name: Reset it on the node, by UUID
+  when: gate.outcome == 'reset'
+  gpuops.relaunch.gpu_reset:
+    uuids: "{{ gate.reset_uuids }}"
+  delegate_to: pve1
+  register: node_reset
+
+- name: Look again in the container
+  when: gate.outcome == 'reset'
+  gpuops.relaunch.gpu_gate:
+    reset_allowed: true
+    reset_node: pve1
+    node_reset: "{{ node_reset }}"
+
 - name: A person replaced GPU 3; let it back in
   gpuops.relaunch.gpu_gate:
     clear_quarantine: true
@@ -140,7 +171,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 outcome:
-  description: V(launch), V(refuse), V(skip) (no GPU, O(gpus_required=false)) or V(record) (O(record_only)).
+  description:
+    - V(launch), V(refuse), V(reset) (on the node O(reset_node)), V(skip) (no GPU, O(gpus_required=false)) or
+      V(record) (O(record_only)).
   returned: unless the options were refused
   type: str
   sample: refuse
@@ -181,11 +214,24 @@ cuda_visible_devices:
   type: str
   sample: "GPU-0a1b...,GPU-2c3d..."
 reset:
-  description: Each GPU reset (or, in check mode, announced) - C(index), C(uuid), C(done), C(holders), C(why).
+  description:
+    - Each GPU reset (or, in check mode or for the node, announced) - C(index), C(uuid), C(done), C(holders),
+      C(why); after O(node_reset), the node's.
   returned: unless the options were refused
   type: list
   elements: dict
   sample: [{index: 1, uuid: GPU-..., done: true, holders: [], why: ""}]
+reset_node:
+  description: With RV(outcome=reset), the Proxmox node that resets the GPUs (O(reset_node)); else empty.
+  returned: unless the options were refused or the gate was skipped
+  type: str
+  sample: pve1
+reset_uuids:
+  description: With RV(outcome=reset), the UUIDs of the GPUs the node is to reset.
+  returned: unless the options were refused or the gate was skipped
+  type: list
+  elements: str
+  sample: ["GPU-5c3b1b8e-1d2f-4a7b-9e0c-000000000001"]
 quarantined:
   description: The UUIDs quarantined on this host after this run.
   returned: unless the options were refused
@@ -252,6 +298,7 @@ def main() -> None:
             "gpus_required": {"type": "bool", "default": True},
             "reset_allowed": {"type": "bool", "default": False},
             "reset_node": {"type": "str", "default": ""},
+            "node_reset": {"type": "dict"},
             "min_gpus": {"type": "int", "default": 0},
             "clear_quarantine": {"type": "bool", "default": False},
             "reset_timeout": {"type": "float", "default": 30},

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import clearance, gate_refusal, hardware_caused, superseded
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
+
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
+    RelaunchInputError, clearance, gate_refusal, hardware_caused, superseded,
+)
 
 # The gate's answers (module gpu_gate, plugins/module_utils/_gpu/gate.py).
-REFUSE, SKIP = "refuse", "skip"
+REFUSE, RESET, SKIP = "refuse", "reset", "skip"
 # gpu_mem_wait's error_kind for a GPU the hardware must fix (query.GPU_LOST, query.RESET_REQUIRED): the gate's to judge.
 GPU_HARDWARE_ERRORS = ("gpu_lost", "reset_required")
 
@@ -38,7 +42,7 @@ STEP_NAMES = {
 
 def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: bool, check_mode: bool,
                    host: str, launch: bool = True, gate: Mapping[str, Any] | None = None,
-                   launch_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   launch_env: Mapping[str, Any] | None = None, node_reset_timeout: float | None = None) -> dict[str, Any]:
     """Stop (where something runs), clean up, drain (unless a newer run was left alone), check the clearance and,
     with `launch`, launch, stopping at the first step that fails. Returns each step's result by name under
     ``steps`` (a step that did not run is None), ``failure`` ("STEP NAME: message", or None), ``unreachable``
@@ -48,10 +52,16 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
 
     After the clearance, the GPU gate (module gpu_gate, its options `gate`) looks at the hardware where the drain
     looked at GPUs: ``refused`` is then its refusal (the host's message, with the evidence), and ``launch_env`` the
-    job's environment with the gate's CUDA_VISIBLE_DEVICES where it leaves GPUs out (`launch_env`: the job's)."""
+    job's environment with the gate's CUDA_VISIBLE_DEVICES where it leaves GPUs out (`launch_env`: the job's).
+
+    A container's GPU that its Proxmox node must reset (the gate's ``reset``, naming the node): ``node_reset`` says
+    what the role does next (roles/relaunch/tasks/gpu_node_reset.yml) - ``node``, ``uuids``, ``reset_timeout``
+    (`node_reset_timeout`, None: gpu_reset's default), ``gate`` (this gate's options, for its look again),
+    ``drain`` (the drain stopped at that GPU and looks again after the reset) and ``env`` (the launch's
+    environment, to which the look again may add CUDA_VISIBLE_DEVICES); nothing is launched here."""
     steps: dict[str, Any] = {name: None for name in STEP_NAMES}
     outcome: dict[str, Any] = {"steps": steps, "failure": None, "unreachable": False, "reset": False, "refused": None,
-                               "launch_env": None}
+                               "launch_env": None, "node_reset": None}
 
     def failed(name: str, answer: Mapping[str, Any], message: Any = None) -> dict[str, Any]:
         outcome["failure"] = f"{STEP_NAMES[name]}: {message or answer.get('msg') or 'failed'}"
@@ -87,6 +97,11 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
         return failed("gate", steps["gate"])
     if steps["gate"].get("outcome") == REFUSE:
         outcome["refused"] = gate_refusal(host, steps["gate"])
+        return outcome
+    if steps["gate"].get("outcome") == RESET and steps["gate"].get("reset_node") and not check_mode:
+        outcome["node_reset"] = {"node": str(steps["gate"]["reset_node"]), "uuids": list(steps["gate"].get("reset_uuids") or []),
+                                 "reset_timeout": node_reset_timeout, "gate": dict(gate or {}), "drain": hardware,
+                                 "env": dict(launch_env or {})}
         return outcome
     if hardware:
         # The drain stopped at the bad GPU; the gate left it out: the drain looks again at the GPUs the job gets.
@@ -130,3 +145,18 @@ def gate_step(run: StepRunner, drain: Mapping[str, Any] | None, options: Mapping
         return {"outcome": SKIP, "changed": False,
                 "why": "the drain found no GPU on this host (gpu_drain_gpus_required false): no GPU gate"}
     return run("gpu_gate", options, True)
+
+
+def check_gpu_node(host: str, node: Any, inventory_hosts: list[str]) -> None:
+    """relaunch_gpu_node names the Proxmox node that resets this container's GPUs: an inventory host (reached by
+    its own connection), not this host. RelaunchInputError, before anything changed, otherwise."""
+    if not node:
+        return
+    if not isinstance(node, str):
+        raise RelaunchInputError(f"{host}: nothing was done: relaunch_gpu_node must be an inventory hostname, got {type(node).__name__}")
+    if node == host:
+        raise RelaunchInputError(f"{host}: nothing was done: relaunch_gpu_node names this host itself; it names the Proxmox "
+                                 f"node whose GPUs this container uses (unset it for a bare host)")
+    if node not in inventory_hosts:
+        raise RelaunchInputError(f"{host}: nothing was done: relaunch_gpu_node {escape_controls(node)[:200]!r} is not a host "
+                                 f"of the inventory; name the Proxmox node as an inventory host, reached by its own connection")

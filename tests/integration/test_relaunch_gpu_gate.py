@@ -7,7 +7,13 @@ machine (local connections), each a job of its own and a simulated driver of its
 * gnoreset: the same GPU, resets not allowed (the default) -> refused, GPU 1 quarantined, nothing reset;
 * glost: GPU 1 lost (NVML error 15) -> refused as host_reboot with the evidence, the crash-loop guard unchanged;
 * gmin: GPU 1 lost, the job can run on 2 of 3 -> relaunched on GPUs 0 and 2, named by UUID in the job's
-  CUDA_VISIBLE_DEVICES (read from /proc/PID/environ); a second run leaves it (and gok) running unchanged.
+  CUDA_VISIBLE_DEVICES (read from /proc/PID/environ); a second run leaves it (and gok) running unchanged;
+* gct: a "Proxmox container" whose GPUs its node gnode owns (relaunch_gpu_node; gnode is another local
+  inventory host, outside the play, with the same simulated driver and the stand-in nvidia-smi on its PATH,
+  which gct lacks): GPU 1 needs a reset, resets allowed -> reset on gnode by UUID, looked at again in gct,
+  relaunched;
+* gheld: the same on its node gnode2, where a process holds GPU 1 -> not reset (the wait is
+  relaunch_gpu_reset_timeout), refused naming the holder's pid and the node, GPU 1 quarantined.
 
 The simulated GPUs sit on buses no other test writes XID lines for, and the XID cut-off is this test's start
 (relaunch_gpu_xid_since): the kernel log is the machine's, and other tests write XID lines into it.
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -28,7 +35,9 @@ from tests.harness.launch_targets import end_recorded_runs
 from tests.harness.playbook import REPO, run_playbook
 
 PLAYBOOK = str(REPO / "playbooks" / "relaunch.yml")
-HOSTS = ("gok", "greset", "gnoreset", "glost", "gmin")
+HOSTS = ("gok", "greset", "gnoreset", "glost", "gmin", "gct", "gheld")
+# The Proxmox nodes of gct and gheld: inventory hosts outside the play (relaunch_hosts=jobs).
+NODES = {"gct": "gnode", "gheld": "gnode2"}
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -61,7 +70,19 @@ def test_the_gate_relaunches_resets_routes_around_and_refuses_with_the_evidence(
                 "gpu_drain_gpus_required": True, "gpu_drain_timeout": 20, "gpu_drain_environment": environment,
                 "relaunch_gpu_xid_since": started,
             }
-        for host in ("greset", "gnoreset"):
+        nodes = {}
+        for host, node in NODES.items():
+            # The node reads the container's GPUs with the same simulated driver, and resets them with the stand-in.
+            nodes[node] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                           "gpu_drain_environment": hosts[host]["gpu_drain_environment"]}
+            hosts[host].update(relaunch_gpu_node=node, relaunch_gpu_reset_allowed=True, relaunch_gpu_reset_timeout=1,
+                               gpu_drain_environment=dict(gpus[host].env(), PATH=os.environ["PATH"]))
+        # A process on gnode2 holds gheld's GPU 1 (1 MiB: under the drain's ceiling, the container's drain passes).
+        holder = subprocess.Popen(["sleep", "600"])  # pylint: disable=consider-using-with
+        stack.callback(holder.wait)
+        stack.callback(holder.kill)
+        gpus["gheld"].register(holder.pid, 1, 1)
+        for host in ("greset", "gnoreset", "gct", "gheld"):
             gpus[host].devices[1].update(remapped_rows=[0, 1, 1, 0], recovery_action=1)
         for host in ("glost", "gmin"):
             gpus[host].devices[1]["lost"] = True
@@ -70,20 +91,20 @@ def test_the_gate_relaunches_resets_routes_around_and_refuses_with_the_evidence(
         for gpu in gpus.values():
             gpu.save()
         inventory = tmp_path / "inventory.json"
-        inventory.write_text(json.dumps({"all": {"hosts": hosts}}), encoding="utf-8")
+        inventory.write_text(json.dumps({"all": {"hosts": nodes, "children": {"jobs": {"hosts": hosts}}}}), encoding="utf-8")
         try:
-            run = run_playbook(PLAYBOOK, inventory=str(inventory), timeout=300)
+            run = run_playbook(PLAYBOOK, inventory=str(inventory), timeout=300, extra_vars={"relaunch_hosts": "jobs"})
             found = {host: run.summary(host) for host in HOSTS}
             resets = {host: (Path(str(gpu.state_path) + ".resets").read_text(encoding="utf-8").split()
                              if Path(str(gpu.state_path) + ".resets").exists() else []) for host, gpu in gpus.items()}
-            environs = {host: environ(found[host]["job"]["pid"]) for host in ("gok", "greset", "gmin")
+            environs = {host: environ(found[host]["job"]["pid"]) for host in ("gok", "greset", "gmin", "gct")
                         if found[host]["relaunched"]}
             uuids = {host: [device["uuid"] for device in gpu.devices] for host, gpu in gpus.items()}
             # Run again on the two that run: the job on fewer GPUs is healthy with the spec it was launched with
             # (the probe reads the gate's CUDA_VISIBLE_DEVICES from the record), so nothing is restarted.
             again = run_playbook(PLAYBOOK, inventory=str(inventory), timeout=300, extra_args=["--limit", "gok,gmin"])
         finally:
-            run_playbook([{"name": "stop", "hosts": "all", "gather_facts": False, "tasks": [
+            run_playbook([{"name": "stop", "hosts": "jobs", "gather_facts": False, "tasks": [
                 {"name": "Stop", "gpuops.relaunch.train_launch": {
                     "name": "{{ job_launch_name }}", "state": "stopped", "state_dir": "{{ job_launch_state_dir }}"}}]}],
                 inventory=str(inventory))
@@ -92,7 +113,7 @@ def test_the_gate_relaunches_resets_routes_around_and_refuses_with_the_evidence(
 
     # Two hosts refused: the playbook fails them after its fleet summary.
     assert run.rc != 0, run.stdout[-3000:]
-    ok, reset, noreset, lost, fewer = (found[host] for host in HOSTS)
+    ok, reset, noreset, lost, fewer = (found[host] for host in HOSTS[:5])
 
     assert ok["relaunched"] is True and ok["gpu_gate"]["outcome"] == "launch" and ok["gpu_gate"]["bad"] == [], ok["failed"]
     assert "CUDA_VISIBLE_DEVICES" not in environs["gok"]
@@ -124,3 +145,15 @@ def test_the_gate_relaunches_resets_routes_around_and_refuses_with_the_evidence(
     assert again.rc == 0, again.stdout[-3000:]
     for host in ("gok", "gmin"):
         assert again.summary(host)["status"] == "unchanged" and again.summary(host)["job"]["pid"] == found[host]["job"]["pid"]
+
+    # The container's GPU was reset on its node, by UUID (the node's stand-in nvidia-smi recorded it), then launched.
+    container, held = found["gct"], found["gheld"]
+    assert resets["gct"] == [uuids["gct"][1]], (resets, container)
+    assert container["relaunched"] is True and container["gpu_gate"]["outcome"] == "launch", (container["failed"], container["gpu_gate"])
+    assert [(r["uuid"], r["done"]) for r in container["gpu_gate"]["reset"]] == [(uuids["gct"][1], True)]
+    assert container["gpu_gate"]["quarantined"] == [] and "CUDA_VISIBLE_DEVICES" not in environs["gct"]
+    # With a holder on the node: nothing reset, refused naming the holder and the node, the GPU quarantined.
+    assert resets["gheld"] == [] and held["status"] == "refused" and held["relaunched"] is False, held
+    assert f"{holder.pid} (nvml)" in held["gpu_gate"]["why"] and "gnode2" in held["gpu_gate"]["why"], held["gpu_gate"]["why"]
+    assert [(r["uuid"], r["done"]) for r in held["gpu_gate"]["reset"]] == [(uuids["gheld"][1], False)]
+    assert held["gpu_gate"]["quarantined"] == [uuids["gheld"][1]]

@@ -6,7 +6,8 @@ the job launch, on which GPUs, does a GPU reset come first, or is it refused wit
 A pure function of its inputs (no I/O), so that the module (gpu_gate) and the unit tests decide alike:
 
 * every GPU healthy and none quarantined: launch as always (no CUDA_VISIBLE_DEVICES of the gate's);
-* a GPU that only a reset clears, resets allowed here and not yet done this run: reset it, look again;
+* a GPU that only a reset clears, resets allowed and not yet done this run: reset it, look again (a container's
+  GPU on its Proxmox node, ``reset_on``: the relaunch resets it there and the container looks again);
 * a GPU that a reset does not clear (a host reboot, or service), or one quarantined earlier: the job
   launches on the other GPUs when it declared it can (``min_gpus``) and enough are left, named by UUID;
   otherwise it is refused, naming each bad GPU with its evidence;
@@ -33,7 +34,8 @@ MAX_REASONS = 8
 @dataclass(frozen=True)
 class GatePolicy:
     """What the inventory allows: resets at all, resets on this machine (False: a container whose GPUs its
-    Proxmox node owns, `owner`), and the fewest GPUs the job can run on (0: every one it was given)."""
+    Proxmox node owns, `owner`, which resets them), and the fewest GPUs the job can run on (0: every one it
+    was given)."""
 
     reset_allowed: bool = False
     reset_here: bool = True
@@ -85,6 +87,7 @@ def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any
     the bad GPUs', or the host's), ``bad`` (each bad GPU's evidence, ``quarantined`` true for one an earlier
     run quarantined), ``reset`` (the indices to reset, outcome reset), ``visible`` (the UUIDs the job launches
     on when the gate leaves GPUs out, else []; ``visible_indices`` their indices), ``quarantine`` (the evidence of the GPUs to quarantine now),
+    ``reset_on`` (outcome reset: the Proxmox node that resets them, by ``reset_uuids``; "" for this machine),
     ``why`` (one sentence)."""
     gpus = [gpu for gpu in health.get("gpus") or [] if isinstance(gpu, Mapping)]
     good: list[Mapping[str, Any]] = []
@@ -102,7 +105,7 @@ def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any
     host_level = _level(health.get("escalation"))
     gpu_level = worst(_level(entry["escalation"]) for entry in bad)
     answer: dict[str, Any] = {"outcome": LAUNCH, "escalation": gpu_level.value, "bad": bad, "reset": [], "visible": [],
-                              "visible_indices": [],
+                              "visible_indices": [], "reset_uuids": [], "reset_on": "",
                               "quarantine": [entry for entry in bad if not entry["quarantined"]], "why": ""}
     if host_level.rank > gpu_level.rank or (not gpus and host_level != Escalation.NONE):
         # A finding no listed GPU carries: nothing to route around.
@@ -115,9 +118,11 @@ def decide(health: Mapping[str, Any], quarantined: Mapping[str, Mapping[str, Any
     hard = [entry for entry in bad if entry not in resettable]
     usable_after_reset = len(good) + len(resettable)
     routable = not hard or (policy.min_gpus > 0 and usable_after_reset >= policy.min_gpus)
-    if resettable and policy.reset_allowed and policy.reset_here and not reset_done and routable:
+    if resettable and policy.reset_allowed and not reset_done and routable:
+        where = "" if policy.reset_here else f" on their Proxmox node {escape_controls(policy.owner)}"
         return dict(answer, outcome=RESET, quarantine=[], reset=[entry["index"] for entry in resettable],
-                    why=f"{', '.join(_named(e) for e in resettable)} need(s) a GPU reset, which the inventory allows")
+                    reset_uuids=[entry["uuid"] for entry in resettable], reset_on="" if policy.reset_here else policy.owner,
+                    why=f"{', '.join(_named(e) for e in resettable)} need(s) a GPU reset{where}, which the inventory allows")
     said = "; ".join(_said(entry) for entry in bad)
     if policy.min_gpus > 0 and len(good) >= policy.min_gpus:
         kept = sorted(good, key=lambda gpu: gpu.get("index") or 0)
@@ -135,9 +140,6 @@ def _unless(bad: list[dict[str, Any]], good: list[Mapping[str, Any]], policy: Ga
             parts.append("a GPU reset did not clear it")
         elif not policy.reset_allowed:
             parts.append("resets are not allowed for this host (relaunch_gpu_reset_allowed)")
-        elif not policy.reset_here:
-            parts.append(f"its GPUs are reset on their Proxmox node {policy.owner}, not from this container: reset them "
-                         f"there (nvidia-smi --gpu-reset -i N)")
     if any(entry["quarantined"] for entry in bad):
         parts.append("a quarantined GPU stays out until a person clears it (relaunch_gpu_quarantine_clear)")
     if policy.min_gpus > 0:

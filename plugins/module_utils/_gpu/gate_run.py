@@ -2,15 +2,22 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The gate's one run on the target (module gpu_gate): the quarantine record, a health look, the decision
 (gate.decide), a reset where the decision says so and the inventory allows it, a look again, and the record
-updated. Change nothing in check mode: a reset is then announced, never done, and no record is written."""
+updated. Change nothing in check mode: a reset is then announced, never done, and no record is written.
+
+A container's GPUs are reset on their Proxmox node (GatePolicy.owner): the gate answers ``reset`` with the
+UUIDs, the relaunch runs gpu_reset there (roles/relaunch/tasks/gpu_node_reset.yml) and gives its answer back
+(``node_reset``) to this gate's second run in the container, which looks again and decides as after a reset of
+its own."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import OptionChecks, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption, OptionChecks, OptionsInvalid
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.bounds import check_seconds
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu import quarantine
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.gate import (
@@ -19,8 +26,8 @@ from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.gate import (
 from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.health import (
     HealthOptions, no_gpu_health, options_from_params, read_host,
 )
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuDevice, GpuQueryError, NvidiaSmiSession, open_gpu_source
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reset import reset_gpu
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuDevice, GpuQueryError
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.reset import is_gpu_uuid, read_device, reset_gpu
 
 SKIP = "skip"
 MAX_RESET_TIMEOUT = 600.0
@@ -40,6 +47,7 @@ class GateOptions:
     backend: str
     nvidia_smi: str
     query_timeout: float
+    node_reset: dict[str, Any] | None = None
 
 
 def gate_options(params: Mapping[str, Any]) -> GateOptions:
@@ -57,12 +65,38 @@ def gate_options(params: Mapping[str, Any]) -> GateOptions:
     if not isinstance(min_gpus, int) or not 0 <= min_gpus <= MAX_MIN_GPUS:
         checks.add("min_gpus", f"must be a whole number from 0 (every GPU) to {MAX_MIN_GPUS}, got {min_gpus!r}")
     timeout = checks.check(check_seconds, "reset_timeout", params["reset_timeout"], 0.0, MAX_RESET_TIMEOUT, allow_minimum=False)
+    node_reset = checks.check(node_reset_answer, params.get("node_reset"))
     checks.raise_if_any()
     node = str(params["reset_node"] or "")
     policy = GatePolicy(reset_allowed=bool(params["reset_allowed"]), reset_here=not node, owner=node, min_gpus=int(min_gpus))
     return GateOptions(health, policy, state_dir, bool(params["clear_quarantine"]), float(timeout),  # type: ignore[arg-type]
                        str(params["job_name"] or ""), bool(params["record_only"]), bool(params["gpus_required"]),
-                       str(params["backend"]), str(params["nvidia_smi"]), float(params["query_timeout"]))
+                       str(params["backend"]), str(params["nvidia_smi"]), float(params["query_timeout"]), node_reset)
+
+
+RESET_KEYS = ("index", "uuid", "done", "holders", "why")
+
+
+def node_reset_answer(answer: Any) -> dict[str, Any] | None:
+    """The node's reset (module gpu_reset's result: ``reset``, a list of its GPUs' answers, and ``at``, when it
+    began), checked; None where none was given. A GPU counts as reset only with a GPU UUID and ``done`` true."""
+    if not answer:
+        return None
+    if isinstance(answer, Mapping) and answer.get("unreachable") is True:
+        # The node could not be reached (the role's task ignores that, so that this look refuses with why).
+        return {"reset": [], "at": 0.0, "unreachable": f"the node could not be reached: {escape_controls(str(answer.get('msg') or ''))[:400]}"}
+    resets = answer.get("reset") if isinstance(answer, Mapping) else None
+    at = answer.get("at") if isinstance(answer, Mapping) else None
+    if not isinstance(resets, list) or not all(isinstance(entry, Mapping) for entry in resets) or isinstance(at, bool) \
+            or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0:
+        raise BadOption("node_reset", "must be gpu_reset's result on the node (reset: a list of dicts, at: a time), "
+                                      f"got {escape_controls(repr(answer))[:200]}")
+    entries = [{key: entry.get(key) for key in RESET_KEYS} for entry in resets]
+    for entry in entries:
+        entry["done"] = entry["done"] is True and is_gpu_uuid(entry["uuid"])
+        entry["uuid"] = escape_controls(str(entry["uuid"] or ""))[:80]
+        entry["why"] = escape_controls(str(entry["why"] or ""))[:400]
+    return {"reset": entries, "at": float(at), "unreachable": ""}
 
 
 def _look(options: GateOptions, since: float) -> dict[str, Any]:
@@ -75,19 +109,7 @@ def _look(options: GateOptions, since: float) -> dict[str, Any]:
 
 def _device(options: GateOptions, index: int) -> GpuDevice | None:
     """GPU `index` as the driver lists it now, with its minor number; None where it cannot be read."""
-    try:
-        source = open_gpu_source(options.backend, options.nvidia_smi, options.query_timeout)
-    except GpuQueryError:
-        return None
-    try:
-        devices = source.query([index])
-        if isinstance(source, NvidiaSmiSession):
-            devices = source.with_minor_numbers(devices)
-        return devices[0] if devices else None
-    except GpuQueryError:
-        return None
-    finally:
-        source.close()
+    return read_device(options.backend, options.nvidia_smi, options.query_timeout, index=index)
 
 
 def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
@@ -108,6 +130,15 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
         # What the kernel log said before a person cleared the quarantine is not counted again.
         record = dict(record, gpus={}, cleared_at=round(time.time(), 3))
         changed = bool(cleared)
+    resets: list[dict[str, Any]] = []
+    node = options.node_reset
+    if node is not None:
+        # The look again after the node reset this container's GPUs: as after a reset of the gate's own.
+        resets = node["reset"]
+        done = [entry["uuid"] for entry in resets if entry["done"]]
+        if done:
+            record = quarantine.with_resets(record, done, node["at"])
+            changed = True
     since = max(options.health.since, quarantine.last_reset(record), float(record.get("cleared_at") or 0))
     try:
         health = _look(options, since)
@@ -120,10 +151,18 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
                 "cuda_visible_devices": "", "reset": [], "quarantined": [], "quarantine_cleared": cleared,
                 "changed": changed and not check_mode, "elapsed": round(time.monotonic() - began, 3),
                 **_written(options, record, changed, check_mode)}
-    decision = decide(health, record["gpus"], options.policy)
-    resets: list[dict[str, Any]] = []
+    decision = decide(health, record["gpus"], options.policy, reset_done=node is not None)
     health_after = None
-    if decision["outcome"] == RESET and not check_mode:
+    if node is not None:
+        failed = [entry["why"] for entry in resets if not entry["done"]] + [node["unreachable"]] * bool(node["unreachable"])
+        if failed and decision["outcome"] == REFUSE:
+            decision["why"] += f"; on the node {escape_controls(options.policy.owner)}: " + "; ".join(failed)
+    elif decision["outcome"] == RESET and decision["reset_on"]:
+        # Announced: the node resets them (the relaunch runs gpu_reset there and this gate again).
+        resets = [{"index": index, "uuid": uuid, "done": False, "holders": [],
+                   "why": f"to be reset on the Proxmox node {escape_controls(decision['reset_on'])}"}
+                  for index, uuid in zip(decision["reset"], decision["reset_uuids"])]
+    elif decision["outcome"] == RESET and not check_mode:
         stamp = time.time()
         for index in decision["reset"]:
             answer = reset_gpu(index, lambda index=index: _device(options, index), options.nvidia_smi, options.reset_timeout)
@@ -148,6 +187,7 @@ def run_gate(options: GateOptions, check_mode: bool) -> dict[str, Any]:
         changed = changed or noted != record
         record = noted
     return {"outcome": decision["outcome"], "why": decision["why"], "gpu_present": True, "health": health,
+            "reset_node": decision["reset_on"], "reset_uuids": decision["reset_uuids"],
             "health_after": health_after, "escalation": decision["escalation"], "bad": decision["bad"],
             "visible": decision["visible"], "visible_indices": decision["visible_indices"], "cuda_visible_devices": cuda_visible_devices(decision["visible"]),
             "reset": resets, "quarantined": sorted(record["gpus"]), "quarantine_cleared": cleared,

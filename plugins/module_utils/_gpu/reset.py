@@ -7,10 +7,15 @@ looked at without sending anything to anyone, until a deadline: no process may h
 (``/dev/nvidiaN``, N its minor number: ProcessTable.device_holders, the collection's one "holds a GPU" walk)
 and NVML may list no process on it. Still held at the deadline, it is not reset and the answer names the
 holders. The command runs under the same deadline, its output bounded (NvidiaSmiSession).
+
+On a Proxmox node (module gpu_reset, for a container's GPUs) the GPU is named by its UUID, not its index:
+the indices the container sees need not be the node's. A UUID reaches the command line only after its format
+is checked (GPU_UUID), as one argument of the command's list, never a shell string.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,10 +23,38 @@ from typing import Any, Callable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.polling import Deadline
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.procfs import ProcessTable
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
-from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuDevice, GpuQueryError, NvidiaSmiSession
+from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.query import GpuDevice, GpuQueryError, NvidiaSmiSession, open_gpu_source
 
 DEFAULT_DEVICE_GLOB = "/dev/nvidia*"
 POLL_INTERVAL = 0.2
+# A whole GPU's UUID as NVML and nvidia-smi print it (a MIG instance's, MIG-..., is not reset on its own).
+GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def is_gpu_uuid(text: object) -> bool:
+    """Whether `text` is a whole GPU's UUID, and nothing else."""
+    return isinstance(text, str) and GPU_UUID.fullmatch(text) is not None
+
+
+def read_device(backend: str, nvidia_smi: str, query_timeout: float, index: int | None = None,
+                uuid: str = "") -> GpuDevice | None:
+    """One GPU as the driver lists it now, with the minor number of its device file: GPU `index`, or the one
+    whose UUID is `uuid`. None where it cannot be read or is not there."""
+    try:
+        source = open_gpu_source(backend, nvidia_smi, query_timeout)
+    except GpuQueryError:
+        return None
+    try:
+        devices = source.query(None if index is None else [index])
+        if uuid:
+            devices = [device for device in devices if device.uuid.lower() == uuid.lower()]
+        if isinstance(source, NvidiaSmiSession):
+            devices = source.with_minor_numbers(devices[:1])
+        return devices[0] if devices else None
+    except GpuQueryError:
+        return None
+    finally:
+        source.close()
 
 
 @dataclass
@@ -53,9 +86,10 @@ def holders_of(device: GpuDevice, proc_root: str = "/proc", device_glob: str = D
 
 
 def reset_gpu(index: int, look: Callable[[], GpuDevice | None], nvidia_smi: str, timeout: float,
-              proc_root: str = "/proc", device_glob: str = DEFAULT_DEVICE_GLOB) -> ResetAnswer:
+              proc_root: str = "/proc", device_glob: str = DEFAULT_DEVICE_GLOB, by_uuid: str = "") -> ResetAnswer:
     """Reset GPU `index` once nothing holds it, within `timeout` seconds. `look` reads the GPU afresh (None:
-    NVML cannot read it now, and then only the device files are looked at). Never raises for the GPU's state."""
+    NVML cannot read it now, and then only the device files are looked at). With `by_uuid` (checked by
+    is_gpu_uuid) the command names the GPU by that UUID instead of the index. Never raises for the GPU's state."""
     deadline = Deadline(timeout)
     unknown = GpuDevice(index=index, uuid="", name="", total_bytes=0, used_bytes=0)
     device = look() or unknown
@@ -78,9 +112,21 @@ def reset_gpu(index: int, look: Callable[[], GpuDevice | None], nvidia_smi: str,
         answer.why = f"GPU {index}: {escape_controls(nvidia_smi)} not found: not reset"
         return answer
     try:
-        NvidiaSmiSession(executable, max(deadline.remaining(), 1.0)).command(["--gpu-reset", "-i", str(index)])
+        NvidiaSmiSession(executable, max(deadline.remaining(), 1.0)).command(["--gpu-reset", "-i", by_uuid or str(index)])
     except GpuQueryError as exc:
         answer.why = f"GPU {index}: nvidia-smi --gpu-reset failed: {escape_controls(str(exc))[:400]}"
         return answer
     answer.done = True
     return answer
+
+
+def reset_by_uuid(uuid: str, look: Callable[[], GpuDevice | None], nvidia_smi: str, timeout: float,
+                  proc_root: str = "/proc", device_glob: str = DEFAULT_DEVICE_GLOB) -> ResetAnswer:
+    """Reset the GPU whose UUID is `uuid` on this machine (a Proxmox node, for its container), as reset_gpu does;
+    `look` finds it by that UUID. Not reset: a UUID that is not one (nothing is run), or no such GPU here."""
+    if not is_gpu_uuid(uuid):
+        return ResetAnswer(-1, escape_controls(str(uuid))[:80], why=f"{escape_controls(str(uuid))[:80]!r} is not a GPU's UUID: not reset")
+    device = look()
+    if device is None:
+        return ResetAnswer(-1, uuid, why=f"{uuid}: no such GPU can be read on this machine: not reset")
+    return reset_gpu(device.index, look, nvidia_smi, timeout, proc_root, device_glob, by_uuid=uuid)

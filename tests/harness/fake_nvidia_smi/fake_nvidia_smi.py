@@ -133,17 +133,23 @@ def xml_report(handles):
 
 
 def gpu_reset(argv):
-    """``--gpu-reset -i N``: what a reset clears in the simulated state (a pending remap is activated, the recovery
-    action is none again; a lost GPU is not reset), each call recorded in STATE.resets (one index a line), as the
-    real tool prints it. The state file is replaced atomically, as the harness writes it."""
-    index = int(argv[argv.index("-i") + 1])
+    """``--gpu-reset -i N`` (or ``-i UUID``, as the real tool takes it too): what a reset clears in the simulated
+    state (a pending remap is activated, the recovery action is none again; a lost GPU is not reset), each call
+    recorded in STATE.resets (the index or UUID as given, one a line), as the real tool prints it. The state file
+    is replaced atomically, as the harness writes it."""
+    given = argv[argv.index("-i") + 1]
     path = os.environ[pynvml.STATE_ENV]
     with open(path, encoding="utf-8") as handle:
         state = json.load(handle)
+    uuids = [device.get("uuid") for device in state["devices"]]
+    if given.startswith("GPU-") and given not in uuids:
+        print(f"No devices were found matching {given}")
+        return 6
+    index = uuids.index(given) if given in uuids else int(given)
     device = state["devices"][index]
     bus = device.get("pci_bus_id", "00000000:%02X:00.0" % (0x3B + index))
     with open(path + ".resets", "a", encoding="utf-8") as log:
-        log.write(f"{index}\n")
+        log.write(f"{given}\n")
     if device.get("lost"):
         print(f"Unable to reset GPU {bus}: GPU is lost.  Reboot the system to recover this GPU")
         return pynvml.NVML_ERROR_GPU_IS_LOST

@@ -8,8 +8,8 @@ from typing import Any, Mapping
 
 import pytest
 
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import step_results
-from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import STEP_NAMES, relaunch_steps
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import RelaunchInputError, step_results
+from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_steps import STEP_NAMES, check_gpu_node, relaunch_steps
 
 DECISION = {"action": "relaunch", "relaunch": True, "stop": True, "resume_mode": None, "expect_run_id": "run-a"}
 CLEAN = {"changed": True, "escalation": "none", "reasons": []}
@@ -197,3 +197,31 @@ def test_a_launch_after_the_gate_found_the_hardware_at_fault_is_not_counted_by_t
         relaunch_steps(run, DECISION, False, False, "h1")
         module, options, _drain_env = run.ran[-1]
         assert module == "train_launch" and options.get("failure_cause") == cause, gate
+
+
+UUID = "GPU-5c3b1b8e-1d2f-4a7b-9e0c-000000000001"
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_gpu_its_proxmox_node_must_reset_stops_before_the_launch_and_says_where(check_mode: bool) -> None:
+    node = {"changed": False, "outcome": "reset", "escalation": "gpu_reset", "reset_node": "pve1", "reset_uuids": [UUID],
+            "bad": [], "visible": [], "cuda_visible_devices": ""}
+    run = Replay(gate=node)
+    outcome = relaunch_steps(run, DECISION, False, check_mode, "ct1", gate={"state_dir": "/s"}, launch_env={"A": "1"},
+                             node_reset_timeout=5.0)
+    if check_mode:
+        # Nothing is reset in check mode: the launch is announced as after a reset of the gate's own.
+        assert outcome["node_reset"] is None and run.modules[-1] == "train_launch"
+        return
+    assert run.modules == ["train_launch", "zombie_reap", "gpu_mem_wait", "gpu_gate"] and outcome["failure"] is None
+    assert outcome["node_reset"] == {"node": "pve1", "uuids": [UUID], "reset_timeout": 5.0, "gate": {"state_dir": "/s"},
+                                     "drain": False, "env": {"A": "1"}}
+
+
+def test_the_gpu_node_must_be_an_inventory_host_other_than_the_container() -> None:
+    check_gpu_node("ct1", "", ["ct1"])
+    check_gpu_node("ct1", "pve1", ["ct1", "pve1"])
+    for node, said in (("pve9", "'pve9' is not a host of the inventory"), ("ct1", "names this host itself"),
+                       (["pve1"], "must be an inventory hostname")):
+        with pytest.raises(RelaunchInputError, match=said):
+            check_gpu_node("ct1", node, ["ct1", "pve1"])

@@ -53,9 +53,52 @@ def test_a_reset_where_allowed_then_a_refusal_when_it_did_not_clear():
     assert gate.decide(look({}, {}), {}, policy, reset_done=True)["outcome"] == "launch"
 
 
-def test_no_reset_from_a_container_whose_node_owns_the_gpu():
-    answer = gate.decide(look(PENDING), {}, gate.GatePolicy(reset_allowed=True, reset_here=False, owner="pve1"))
-    assert answer["outcome"] == "refuse" and "Proxmox node pve1" in answer["why"]
+def test_a_container_s_gpu_is_reset_on_the_node_that_owns_it_by_uuid():
+    node = gate.GatePolicy(reset_allowed=True, reset_here=False, owner="pve1")
+    answer = gate.decide(look({}, PENDING), {}, node)
+    assert (answer["outcome"], answer["reset_on"], answer["reset_uuids"], answer["quarantine"]) == ("reset", "pve1", ["GPU-1"], [])
+    assert "on their Proxmox node pve1" in answer["why"]
+    # The look again after the node's reset: still bad is refused (and quarantined), clean launches.
+    again = gate.decide(look({}, PENDING), {}, node, reset_done=True)
+    assert again["outcome"] == "refuse" and "a GPU reset did not clear it" in again["why"] and again["quarantine"]
+    assert gate.decide(look({}, {}), {}, node, reset_done=True)["outcome"] == "launch"
+    # Not allowed: refused as on a bare host, nothing reset.
+    refused = gate.decide(look({}, PENDING), {}, gate.GatePolicy(reset_here=False, owner="pve1"))
+    assert refused["outcome"] == "refuse" and refused["reset_uuids"] == [] and "relaunch_gpu_reset_allowed" in refused["why"]
+
+
+@pytest.mark.parametrize("text, ok", [("GPU-5c3b1b8e-1d2f-4a7b-9e0c-000000000001", True),
+                                      ("gpu-5C3B1B8E-1D2F-4A7B-9E0C-000000000001", True),
+                                      ("MIG-5c3b1b8e-1d2f-4a7b-9e0c-000000000001", False),
+                                      ("GPU-5c3b1b8e-1d2f-4a7b-9e0c-000000000001 -r", False),
+                                      ("GPU-5c3b1b8e-1d2f-4a7b-9e0c-000000000001\n", False), ("1", False), ("", False), (None, False)])
+def test_only_a_whole_gpu_uuid_reaches_the_reset_command(text, ok):
+    assert reset.is_gpu_uuid(text) is ok
+
+
+def test_a_bad_uuid_is_not_reset_and_nothing_is_looked_up(tmp_path):
+    looked = []
+    answer = reset.reset_by_uuid("GPU-1; reboot", lambda: looked.append(1), str(tmp_path / "nvidia-smi"), 1.0)
+    assert (answer.done, looked) == (False, []) and "is not a GPU's UUID" in answer.why
+    gone = reset.reset_by_uuid("GPU-5c3b1b8e-1d2f-4a7b-9e0c-000000000009", lambda: None, "nvidia-smi", 1.0)
+    assert not gone.done and "no such GPU" in gone.why
+
+
+def test_the_node_s_answer_is_checked_before_the_gate_counts_a_reset():
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._base.options import BadOption
+    from ansible_collections.gpuops.relaunch.plugins.module_utils._gpu.gate_run import node_reset_answer
+    uuid = "GPU-5c3b1b8e-1d2f-4a7b-9e0c-000000000001"
+    answer = node_reset_answer({"reset": [{"index": 3, "uuid": uuid, "done": True, "holders": [], "why": ""},
+                                          {"index": 4, "uuid": "GPU-x", "done": True, "why": "\x1b[2J"}], "at": 5.0})
+    assert [entry["done"] for entry in answer["reset"]] == [True, False] and answer["at"] == 5.0
+    assert answer["reset"][1]["why"] == "\\x1b[2J"
+    assert node_reset_answer(None) is None and node_reset_answer({}) is None
+    unreached = node_reset_answer({"unreachable": True, "msg": "ssh: connect to host pve1 port 22: No route"})
+    assert unreached["reset"] == [] and "could not be reached: ssh: connect" in unreached["unreachable"]
+    for bad in ({"reset": "x", "at": 1}, {"reset": [], "at": float("nan")}, {"reset": [], "at": True}, ["x"]):
+        with pytest.raises(BadOption) as caught:
+            node_reset_answer(bad)
+        assert caught.value.option == "node_reset"
 
 
 @pytest.mark.parametrize("fault, escalation", [(REBOOT, "host_reboot"), (FAILED_REMAP, "host_action")])
