@@ -104,11 +104,16 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
                                  "env": dict(launch_env or {})}
         return outcome
     if hardware:
-        # The drain stopped at the bad GPU; the gate left it out: the drain looks again at the GPUs the job gets.
-        if not steps["gate"].get("visible"):
+        # The drain stopped at the bad GPU. Where the gate left it out, the drain looks again at the GPUs the job
+        # gets, by index (gpu_mem_wait then reads only those, not the bad GPU, which would stop it again); where
+        # the gate reset it here and it came back clean, at every GPU; otherwise it stays stopped.
+        if steps["gate"].get("visible"):
+            again: dict[str, Any] = {"devices": [str(i) for i in steps["gate"].get("visible_indices") or []]}
+        elif any(isinstance(entry, Mapping) and entry.get("done") for entry in steps["gate"].get("reset") or []):
+            again = {}
+        else:
             return failed("drain", steps["drain"])
-        # By index: gpu_mem_wait then reads only those, not the bad GPU (which would stop it again).
-        steps["drain"] = run("gpu_mem_wait", {"devices": [str(i) for i in steps["gate"].get("visible_indices") or []]}, True)
+        steps["drain"] = run("gpu_mem_wait", again, True)
         if _failed(steps["drain"]) or steps["drain"].get("released") is False:
             return failed("drain", steps["drain"])
     if steps["gate"].get("cuda_visible_devices"):

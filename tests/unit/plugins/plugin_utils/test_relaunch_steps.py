@@ -186,6 +186,23 @@ def test_left_out_by_the_gate_the_drain_looks_again_at_the_gpus_the_job_gets() -
     assert outcome["failure"] is None and run.ran[-1][1]["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-0"}
 
 
+def test_a_gpu_the_gate_reset_here_is_drained_again_and_the_job_launches() -> None:
+    """A bare host: the drain stopped at a GPU that required a reset, the gate reset it and found it clean: the
+    drain looks again at every GPU, and the job launches (counted as the hardware's failure)."""
+    answers = iter([LOST, RELEASED])
+    run = Replay(gate=dict(HEALTHY, reset=[{"index": 0, "uuid": "GPU-0", "done": True, "holders": [], "why": ""}]))
+
+    def replay(module: str, options: Mapping[str, Any], env: bool) -> dict[str, Any]:
+        if module == "gpu_mem_wait":
+            run.ran.append((module, dict(options), env))
+            return dict(next(answers))
+        return run(module, options, env)
+    outcome = relaunch_steps(replay, DECISION, False, False, "h1")
+    assert [entry[:2] for entry in run.ran if entry[0] == "gpu_mem_wait"] == [("gpu_mem_wait", {}), ("gpu_mem_wait", {})]
+    assert outcome["failure"] is None and run.ran[-1][:2] == ("train_launch", {
+        "state": "started", "failure_cause": "hardware"})
+
+
 def test_a_launch_after_the_gate_found_the_hardware_at_fault_is_not_counted_by_the_guard() -> None:
     """A GPU reset, or a bad GPU left out now, made the failure the hardware's: the start says so (failure_cause),
     and the crash-loop guard does not count it; a GPU an earlier run quarantined says nothing of this failure."""
