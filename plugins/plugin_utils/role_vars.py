@@ -296,6 +296,9 @@ VARIABLES: tuple[RoleVar, ...] = (
             notes=("Unset, the job needs every GPU it was given: a bad one refuses it.",)),
     RoleVar("relaunch_gpu_xid_since", "gpu_gate", "since", default=-3600,
             notes=("Unlike the module (everything the kernel still holds), the role counts the last hour's XIDs.",)),
+    RoleVar("relaunch_gpu_kernel_log", "gpu_gate", "kernel_log", default=True,
+            notes=("Off, the gate judges by NVML alone: for a site whose own agent watches the kernel log's XIDs, or a "
+                   "test machine where other tests write XID lines into the machine's one kernel log.",)),
     RoleVar("relaunch_gpu_quarantine_clear", "gpu_gate", "clear_quarantine", default=False,
             notes=("The way past a quarantine once a person has fixed the GPU (as O(job_launch_reset_guard) is past "
                    "the crash-loop guard); set it for the one run, on the host named.",)),

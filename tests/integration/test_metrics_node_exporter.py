@@ -64,8 +64,8 @@ def site_fixture(tmp_path):
         "gpu_drain_timeout": 20,
         "container_reset_allowed": False,
         "relaunch_metrics_dir": str(textfiles),
-        # The GPU gate reads the machine's kernel log, where other tests write XID lines: only this test's count.
-        "relaunch_gpu_xid_since": time.time(),
+        # The GPU gate judges by NVML alone: other tests write XID lines into the machine's one kernel log.
+        "relaunch_gpu_kernel_log": False,
     }
     (tmp_path / "logs").mkdir()
     inventory = tmp_path / "inventory.json"

@@ -180,7 +180,8 @@ def test_the_drain_alone_gets_gpu_drain_environment(site):
     wait_until(exit_record.exists, what="the job's exit record")
     with sim_gpu(devices=1) as gpu:
         # The gate's XID cut-off: this machine's kernel log holds other tests' XID lines (test_gpu_health's).
-        site["vars"].update(gpu_drain_gpus_required=True, gpu_drain_environment=gpu.env(), relaunch_gpu_xid_since=time.time())
+        site["vars"].update(gpu_drain_gpus_required=True, gpu_drain_environment=gpu.env(), relaunch_gpu_xid_since=time.time(),
+                            relaunch_gpu_kernel_log=False)
         inventory.write_text(json.dumps({"all": {"hosts": {"localhost": site["vars"]}}}), encoding="utf-8")
         run = run_playbook(PLAYBOOK, inventory=site["inventory"])
         crashed = summary(run)

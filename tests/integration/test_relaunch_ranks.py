@@ -225,7 +225,7 @@ def test_a_multi_rank_job_is_relaunched_as_one_job_and_never_leaves_a_rank_alone
             gpu.save()
             fleet["hosts"][host].update(
                 job_launch_command=commands[host], gpu_drain_gpus_required=True, gpu_drain_environment=gpu.env(),
-                relaunch_gpu_xid_since=started_at, job_launch_max_relaunches=20)
+                relaunch_gpu_xid_since=started_at, relaunch_gpu_kernel_log=False, job_launch_max_relaunches=20)
         run, summary = relaunch(fleet)
     assert run.rc != 0
     assert [job_pid(fleet, host) for host in RANKS] == [None] * 3, "a rank launched without rank-b"
