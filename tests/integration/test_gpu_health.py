@@ -16,6 +16,7 @@ import time
 from tests.harness.gpu_holder import sim_gpu
 from tests.harness.kernel_xid import kernel_xids
 from tests.harness.playbook import run_playbook
+from tests.harness.procstates import wait_until
 
 MODULE = "gpuops.relaunch.gpu_health"
 TARGET_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -33,7 +34,10 @@ def test_xids_from_the_kernel_log_and_the_simulated_gpus_are_judged() -> None:
         gpu.fault("nvmlDeviceGetRemappedRows", "NOT_SUPPORTED", device=2)
         gpu.save()
         log.kernel_line("NVRM: Xid (PCI:0000:e2:00): 95, pid=1, name=before, Uncontained ECC error.")
-        cutoff = time.time()
+        # The kernel stamps a record with its own clock, read here through CLOCK_MONOTONIC: a cut-off taken the
+        # same millisecond can fall either side of it. Half a second apart, the XID 95 is before it for certain.
+        cutoff = time.time() + 0.5
+        wait_until(lambda: time.time() > cutoff, timeout=5, what="the cut-off to pass", interval=0.05)
         log.kernel_line("NVRM: Xid (PCI:0000:e0:00): 79, pid=4242, name=python3, GPU has fallen off the bus.")
         log.kernel_line("NVRM: Xid (PCI:0000:e0:00): 79, pid=4242, name=python3, GPU has fallen off the bus.")
         log.kernel_line("NVRM: Xid (PCI:0000:e2:00): 13, pid=77, name=\x1b[2Jtrain, Graphics Exception")
