@@ -12,6 +12,8 @@ import stat
 import tempfile
 from typing import Any, Mapping
 
+from ansible_collections.gpuops.relaunch.plugins.module_utils._base import safepath
+
 
 class ReportError(Exception):
     """The report could not be written (the message says where and why)."""
@@ -129,17 +131,18 @@ def read_report(directory: str, name: str) -> Any:
     directory, a FIFO or a device is) of at most MAX_REPORT_BYTES. ReportError says which file and why."""
     path = os.path.join(directory, plain_file_name(name, "a report file"))
     try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Walked from / as the state records are: a link on the way that another user can change is refused.
+        directory_walked = safepath.walk(directory)
     except OSError as exc:
         raise ReportError(f"cannot open the directory {directory}: {exc.strerror or exc}") from None
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory_walked.fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise ReportError(f"{path} is a symbolic link, not a report file (links are not followed)") from None
         raise ReportError(f"cannot open {path}: {exc.strerror or exc}") from None
     finally:
-        os.close(dir_fd)
+        directory_walked.close()
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # before fdopen, which refuses a directory with its own error

@@ -126,6 +126,12 @@ def test_a_part_is_read_only_from_a_regular_file_of_json(tmp_path):
     for name in ("../part.json", "..", "", "a/b.json"):
         with pytest.raises(ReportError, match="must be a file name inside the directory"):
             read_report(str(tmp_path), name)
+    # The directory is reached without a link another user could point elsewhere (one they own).
+    (tmp_path / "parts").symlink_to(tmp_path)
+    assert read_report(str(tmp_path / "parts"), "part.json") == json.loads(json.dumps(fleet))  # root's link
+    os.lchown(tmp_path / "parts", 65534, 65534)
+    with pytest.raises(ReportError, match="cannot open the directory"):
+        read_report(str(tmp_path / "parts"), "part.json")
 
 
 def test_a_part_nested_too_deeply_is_refused_naming_it(tmp_path):
