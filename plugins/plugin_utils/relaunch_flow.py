@@ -483,8 +483,12 @@ def hardware_caused(gate: Mapping[str, Any]) -> bool:
     if gate.get("outcome") != "launch":
         return False
     found_now = any(isinstance(bad, Mapping) and not bad.get("quarantined") for bad in gate.get("bad") or [])
-    reset = any(isinstance(entry, Mapping) and entry.get("done") for entry in gate.get("reset") or [])
-    return found_now or reset
+    return found_now or gate_reset_done(gate)
+
+
+def gate_reset_done(gate: Mapping[str, Any]) -> bool:
+    """Whether the GPU gate reset a GPU in this look (gpu_gate's `reset` entries, `done`)."""
+    return any(isinstance(entry, Mapping) and entry.get("done") for entry in gate.get("reset") or [])
 
 
 def gate_refusal(host: str, gate: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from ansible_collections.gpuops.relaunch.plugins.module_utils._base.terminal import escape_controls
 
 from ansible_collections.gpuops.relaunch.plugins.plugin_utils.relaunch_flow import (
-    RelaunchInputError, clearance, gate_refusal, hardware_caused, superseded,
+    RelaunchInputError, clearance, gate_refusal, gate_reset_done, hardware_caused, superseded,
 )
 
 # The gate's answers (module gpu_gate, plugins/module_utils/_gpu/gate.py).
@@ -109,7 +109,7 @@ def relaunch_steps(run: StepRunner, decision: Mapping[str, Any], reset_allowed: 
         # the gate reset it here and it came back clean, at every GPU; otherwise it stays stopped.
         if steps["gate"].get("visible"):
             again: dict[str, Any] = {"devices": [str(i) for i in steps["gate"].get("visible_indices") or []]}
-        elif any(isinstance(entry, Mapping) and entry.get("done") for entry in steps["gate"].get("reset") or []):
+        elif gate_reset_done(steps["gate"]):
             again = {}
         else:
             return failed("drain", steps["drain"])
